@@ -1,0 +1,311 @@
+"""Configuration dataclasses: the one source of truth for tensors, models and the server.
+
+The CLI and ``PYSERVE_<FIELD>`` environment variables map onto ``ServeConfig``; everything the core process needs
+to know about a bound model travels as ``ModelSpec.to_wire()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pyserve.dtypes import datatype_of, numpy_dtype
+from pyserve.errors import ConfigError
+
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+    """A declared input or output: name, dtype (numpy dtype, ``bytes``/``object`` for BYTES, ``bool``), shape.
+
+    ``shape`` excludes the batch dimension when the model batches (``max_batch_size > 0``); -1 marks a
+    variable dimension. ``optional`` inputs may be left out of a request.
+    """
+
+    name: str
+    dtype: Any
+    shape: tuple[int, ...] = (-1,)
+    optional: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"tensor name must be a non-empty string, got {self.name!r}")
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        for dim in self.shape:
+            if dim < -1 or dim == 0:
+                raise ConfigError(f"tensor '{self.name}': dimension {dim} in shape {self.shape} must be > 0 or -1")
+        datatype_of(self.dtype)
+
+    @property
+    def datatype(self) -> str:
+        """The KServe datatype name, e.g. 'FP32' or 'BYTES'."""
+        return datatype_of(self.dtype)
+
+    @property
+    def numpy_dtype(self) -> np.dtype[Any]:
+        """The numpy dtype arrays of this tensor have inside the infer function."""
+        return numpy_dtype(self.datatype)
+
+
+class TimeoutAction(str, enum.Enum):
+    """What a queue does with a request whose timeout expired."""
+
+    REJECT = "REJECT"
+    DELAY = "DELAY"
+
+
+@dataclasses.dataclass(frozen=True)
+class QueuePolicy:
+    """Triton's ModelQueuePolicy: timeout behaviour and queue bound of one priority level."""
+
+    timeout_action: TimeoutAction = TimeoutAction.REJECT
+    default_timeout_microseconds: int = 0
+    allow_timeout_override: bool = False
+    max_queue_size: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "timeout_action", TimeoutAction(self.timeout_action))
+        if self.default_timeout_microseconds < 0 or self.max_queue_size < 0:
+            raise ConfigError("QueuePolicy timeouts and max_queue_size must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicBatcher:
+    """Triton's dynamic batcher settings; batches count rows, up to the model's max_batch_size."""
+
+    max_queue_delay_microseconds: int = 0
+    preferred_batch_size: tuple[int, ...] = ()
+    preserve_ordering: bool = False
+    priority_levels: int = 0
+    default_priority_level: int = 0
+    default_queue_policy: QueuePolicy = dataclasses.field(default_factory=QueuePolicy)
+    priority_queue_policy: dict[int, QueuePolicy] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "preferred_batch_size", tuple(int(s) for s in self.preferred_batch_size))
+        if self.max_queue_delay_microseconds < 0:
+            raise ConfigError("DynamicBatcher.max_queue_delay_microseconds must be >= 0")
+        if any(size <= 0 for size in self.preferred_batch_size):
+            raise ConfigError(f"DynamicBatcher.preferred_batch_size must be positive, got {self.preferred_batch_size}")
+        if self.priority_levels < 0:
+            raise ConfigError("DynamicBatcher.priority_levels must be >= 0")
+        if self.priority_levels and not 1 <= self.default_priority_level <= self.priority_levels:
+            raise ConfigError(
+                f"DynamicBatcher.default_priority_level {self.default_priority_level} must be in "
+                f"1..{self.priority_levels}"
+            )
+        for level in self.priority_queue_policy:
+            if not 1 <= level <= self.priority_levels:
+                raise ConfigError(f"priority_queue_policy level {level} is outside 1..{self.priority_levels}")
+
+
+class WorkerKind(str, enum.Enum):
+    """Where instances of a model run."""
+
+    THREAD = "thread"
+    PROCESS = "process"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """How a bound model is served.
+
+    ``max_batch_size`` 0 means the model's tensors have no batch dimension (as in Triton). With a positive
+    ``max_batch_size`` the ``batcher`` (dynamic batching, on by default; ``None`` turns it off) merges requests
+    into batches of at most that many rows.
+    """
+
+    max_batch_size: int = 0
+    batcher: DynamicBatcher | None = dataclasses.field(default_factory=DynamicBatcher)
+    decoupled: bool = False
+    instances: int = 1
+    devices: tuple[str, ...] = ()
+    worker: WorkerKind = WorkerKind.THREAD
+    response_cache: bool = False
+    parameters: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "worker", WorkerKind(self.worker))
+        object.__setattr__(self, "devices", tuple(self.devices))
+        if self.max_batch_size < 0:
+            raise ConfigError(f"max_batch_size must be >= 0, got {self.max_batch_size}")
+        if self.instances < 1:
+            raise ConfigError(f"instances must be >= 1, got {self.instances}")
+        if self.batcher is not None and self.max_batch_size > 0:
+            too_big = [s for s in self.batcher.preferred_batch_size if s > self.max_batch_size]
+            if too_big:
+                raise ConfigError(f"preferred_batch_size {too_big} exceeds max_batch_size {self.max_batch_size}")
+
+    @property
+    def dynamic_batching(self) -> bool:
+        """Whether requests are merged into batches."""
+        return self.batcher is not None and self.max_batch_size > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """Everything the core needs to serve one bound model (no callables: it crosses processes)."""
+
+    name: str
+    version: int
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    config: ModelConfig
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _MODEL_NAME.match(self.name):
+            raise ConfigError(
+                f"invalid model name {self.name!r}: use 1-128 letters, digits, '_', '-' or '.', "
+                "not starting with '-' or '.'"
+            )
+        if not isinstance(self.version, int) or self.version < 1:
+            raise ConfigError(f"model '{self.name}': version must be an integer >= 1, got {self.version!r}")
+        for kind, tensors in (("input", self.inputs), ("output", self.outputs)):
+            if not tensors:
+                raise ConfigError(f"model '{self.name}': at least one {kind} is required")
+            names = [t.name for t in tensors]
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise ConfigError(f"model '{self.name}': duplicate {kind} names {dupes}")
+            for tensor in tensors:
+                if not isinstance(tensor, Tensor):
+                    raise ConfigError(f"model '{self.name}': {kind}s must be Tensor objects, got {tensor!r}")
+
+    def to_wire(self) -> dict[str, Any]:
+        """A msgpack-able description for the core process."""
+        cfg = self.config
+        batcher = cfg.batcher if cfg.dynamic_batching else None
+        return {
+            "name": self.name,
+            "version": self.version,
+            "strict": self.strict,
+            "inputs": [[t.name, t.datatype, list(t.shape), t.optional] for t in self.inputs],
+            "outputs": [[t.name, t.datatype, list(t.shape), t.optional] for t in self.outputs],
+            "max_batch_size": cfg.max_batch_size,
+            "batcher": None if batcher is None else _batcher_to_wire(batcher),
+            "decoupled": cfg.decoupled,
+            "instances": cfg.instances,
+            "devices": list(cfg.devices),
+            "worker": cfg.worker.value,
+            "parameters": dict(cfg.parameters),
+        }
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> ModelSpec:
+        """Rebuild a spec sent by to_wire()."""
+        batcher = data["batcher"]
+        config = ModelConfig(
+            max_batch_size=data["max_batch_size"],
+            batcher=None if batcher is None else _batcher_from_wire(batcher),
+            decoupled=data["decoupled"],
+            instances=data["instances"],
+            devices=tuple(data["devices"]),
+            worker=data["worker"],
+            parameters=dict(data["parameters"]),
+        )
+        return cls(
+            name=data["name"],
+            version=data["version"],
+            inputs=tuple(Tensor(n, d, tuple(s), o) for n, d, s, o in data["inputs"]),
+            outputs=tuple(Tensor(n, d, tuple(s), o) for n, d, s, o in data["outputs"]),
+            config=config,
+            strict=data["strict"],
+        )
+
+
+def _policy_to_wire(policy: QueuePolicy) -> list[Any]:
+    return [
+        policy.timeout_action.value,
+        policy.default_timeout_microseconds,
+        policy.allow_timeout_override,
+        policy.max_queue_size,
+    ]
+
+
+def _batcher_to_wire(batcher: DynamicBatcher) -> dict[str, Any]:
+    return {
+        "max_queue_delay_microseconds": batcher.max_queue_delay_microseconds,
+        "preferred_batch_size": list(batcher.preferred_batch_size),
+        "preserve_ordering": batcher.preserve_ordering,
+        "priority_levels": batcher.priority_levels,
+        "default_priority_level": batcher.default_priority_level,
+        "default_queue_policy": _policy_to_wire(batcher.default_queue_policy),
+        "priority_queue_policy": {
+            str(level): _policy_to_wire(policy) for level, policy in batcher.priority_queue_policy.items()
+        },
+    }
+
+
+def _batcher_from_wire(data: dict[str, Any]) -> DynamicBatcher:
+    return DynamicBatcher(
+        max_queue_delay_microseconds=data["max_queue_delay_microseconds"],
+        preferred_batch_size=tuple(data["preferred_batch_size"]),
+        preserve_ordering=data["preserve_ordering"],
+        priority_levels=data["priority_levels"],
+        default_priority_level=data["default_priority_level"],
+        default_queue_policy=QueuePolicy(*data["default_queue_policy"]),
+        priority_queue_policy={int(k): QueuePolicy(*v) for k, v in data["priority_queue_policy"].items()},
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeConfig:
+    """Server-wide settings. Every field can be overridden by the environment variable ``PYSERVE_<FIELD>``.
+
+    Ports of 0 pick a free port; the chosen ports are on ``Serve.http_port`` etc. once running.
+    """
+
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    log_level: str = "WARNING"
+    max_request_bytes: int = 1 << 30
+    shm_threshold_bytes: int = 64 * 1024
+    shm_pool_bytes: int = 1 << 30
+    transport: str = "ipc"
+    startup_timeout_s: float = 30.0
+    http_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.transport not in ("ipc", "tcp"):
+            raise ConfigError(f"transport must be 'ipc' or 'tcp', got {self.transport!r}")
+        for name in ("http_port", "grpc_port", "metrics_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535:
+                raise ConfigError(f"{name} must be in 0..65535, got {port}")
+        if self.max_request_bytes <= 0:
+            raise ConfigError("max_request_bytes must be > 0")
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> ServeConfig:
+        """Defaults, then ``PYSERVE_<FIELD>`` variables, then explicit overrides."""
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            raw = os.environ.get(f"PYSERVE_{field.name.upper()}")
+            if raw is not None:
+                kind = type(field.default)
+                try:
+                    values[field.name] = kind(raw)
+                except ValueError as exc:
+                    raise ConfigError(f"PYSERVE_{field.name.upper()}={raw!r}: expected {kind.__name__}") from exc
+        values.update(overrides)
+        return cls(**values)
+
+
+def as_tensors(tensors: Sequence[Tensor], kind: str) -> tuple[Tensor, ...]:
+    """Validate a user-given sequence of Tensor declarations."""
+    if isinstance(tensors, Tensor):
+        return (tensors,)
+    try:
+        return tuple(tensors)
+    except TypeError:
+        raise ConfigError(f"{kind} must be a list of Tensor, got {tensors!r}") from None

@@ -1,0 +1,35 @@
+"""Entry point of the core process: ``python -m pyserve.core --config JSON --router ADDR --shm-prefix P``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+import orjson
+
+from pyserve.config import ServeConfig
+from pyserve.core.server import serve_core
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m pyserve.core")
+    parser.add_argument("--config", required=True, help="ServeConfig fields as JSON")
+    parser.add_argument("--router", required=True, help="ZeroMQ address workers connect to")
+    parser.add_argument("--shm-prefix", required=True, help="prefix of this session's shared-memory segments")
+    parser.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
+    parser.add_argument("--ready-fd", type=int, default=None, help="write the bound ports here once serving")
+    args = parser.parse_args()
+    config = ServeConfig(**orjson.loads(args.config))
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # uvloop is optional off Linux/macOS
+        runner = asyncio.run
+    runner(serve_core(config, args.router, args.shm_prefix, args.parent_pid, args.ready_fd))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,362 @@
+"""The core serving process: owns the ROUTER socket to workers, the registry, schedulers and the front ends."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from pyserve.config import ModelSpec, ServeConfig
+from pyserve.core.inference import InferenceRequest, InferenceResponse, OutputTensor
+from pyserve.core.registry import Instance, ModelEntry, Registry
+from pyserve.core.scheduler import ModelScheduler
+from pyserve.errors import (
+    CancelledError,
+    InferenceError,
+    ModelNotReadyError,
+    PyServeError,
+    WorkerDiedError,
+    error_from_kind,
+)
+from pyserve.transport.messages import FrameWriter, pack_header, read_buffer, unpack_header
+from pyserve.transport.shm import ShmPool, ShmReader, remove_segments
+
+logger = logging.getLogger(__name__)
+
+_PARENT_CHECK_S = 0.5
+
+
+@dataclass(slots=True, eq=False)
+class PendingBatch:
+    """A batch sent to an instance, until its final response."""
+
+    requests: list[InferenceRequest]
+    instance: Instance
+    entry: ModelEntry
+    slots: list[str]
+    rows: int
+    dispatched_ns: int
+
+
+class CoreServer:
+    """Wires the registry, schedulers, worker socket and front ends on one asyncio loop."""
+
+    def __init__(self, config: ServeConfig, router_address: str, shm_prefix: str, parent_pid: int) -> None:
+        self.config = config
+        self.router_address = router_address
+        self.shm_prefix = shm_prefix
+        self.parent_pid = parent_pid
+        self.registry = Registry()
+        self.http_port = 0
+        self._socket: zmq.Socket[Any] | None = None
+        self._pool = ShmPool(f"{shm_prefix}-core", config.shm_pool_bytes)
+        self._reader = ShmReader()
+        self._pending: dict[int, PendingBatch] = {}
+        self._instances: dict[bytes, tuple[Instance, ModelEntry, str]] = {}
+        self._next_batch_id = 0
+        self._stopping: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._http_server: asyncio.base_events.Server | None = None
+
+    # lifecycle ------------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind the worker socket and the front ends."""
+        from pyserve.frontends.http import start_http_server
+
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        socket = zmq.Context.instance().socket(zmq.ROUTER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SNDHWM, 0)
+        socket.setsockopt(zmq.RCVHWM, 0)
+        socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        socket.bind(self.router_address)
+        self.router_address = socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._socket = socket
+        self._loop.add_reader(socket.getsockopt(zmq.FD), self._drain)
+        self._http_server, self.http_port = await start_http_server(self, self.config)
+
+    async def wait_stopped(self) -> None:
+        """Run until stop() or the parent process goes away."""
+        assert self._stopping is not None
+        while not self._stopping.is_set():
+            try:
+                await asyncio.wait_for(self._stopping.wait(), _PARENT_CHECK_S)
+            except asyncio.TimeoutError:
+                if self.parent_pid and os.getppid() != self.parent_pid:
+                    logger.warning("parent process %d is gone; stopping", self.parent_pid)
+                    self.stop()
+
+    def stop(self) -> None:
+        """Ask the loop to stop serving (idempotent)."""
+        if self._stopping is not None:
+            self._stopping.set()
+
+    async def close(self) -> None:
+        """Stop front ends, fail what is in flight, release sockets and shared memory."""
+        if self._http_server is not None:
+            self._http_server.close()
+        for entry in self.registry.entries():
+            if entry.scheduler is not None:
+                for request in entry.scheduler.drain():
+                    self._fail(request, ModelNotReadyError("the server is shutting down"))
+        for pending in list(self._pending.values()):
+            for request in pending.requests:
+                self._fail(request, ModelNotReadyError("the server is shutting down"))
+        self._pending.clear()
+        if self._socket is not None and self._loop is not None:
+            self._loop.remove_reader(self._socket.getsockopt(zmq.FD))
+            self._socket.close(linger=0)
+        self._reader.close()
+        self._pool.close()
+        remove_segments(self.shm_prefix)
+
+    # requests from front ends ---------------------------------------------------------------------------------
+
+    def is_ready(self) -> bool:
+        """Server readiness: every bound model has a live instance."""
+        return all(entry.ready for entry in self.registry.entries())
+
+    def submit(self, request: InferenceRequest) -> None:
+        """Queue a validated request on its model's scheduler."""
+        entry = request.model
+        if not entry.ready or entry.scheduler is None:
+            raise ModelNotReadyError(f"model '{entry.name}' version {entry.version} is not ready")
+        entry.scheduler.submit(request)
+
+    def cancel(self, request: InferenceRequest) -> None:
+        """The client went away: a queued request is dropped before it runs."""
+        request.cancelled = True
+
+    # worker socket --------------------------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        # ZeroMQ's FD is edge-triggered: read until EVENTS says nothing is left.
+        socket = self._socket
+        if socket is None:
+            return
+        while socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            identity = frames[0].bytes
+            try:
+                header = unpack_header(frames[1].buffer)
+                self._on_message(identity, header, frames[2:])
+            except Exception:
+                logger.exception("error handling a message from a worker")
+
+    def _send(self, identity: bytes, header: dict[str, Any], frames: list[Any] | None = None) -> None:
+        assert self._socket is not None and self._loop is not None
+        try:
+            self._socket.send_multipart([identity, pack_header(header), *(frames or ())], copy=False)
+        except zmq.ZMQError as exc:
+            logger.warning("could not send to worker %r: %s", identity, exc)
+        # Sending can consume the edge that announced pending input: look again soon.
+        self._loop.call_soon(self._drain)
+
+    def _on_message(self, identity: bytes, header: dict[str, Any], frames: list[Any]) -> None:
+        kind = header["t"]
+        if kind == "res":
+            self._on_result(header, frames)
+        elif kind == "hello":
+            self._on_hello(identity, header)
+        elif kind == "load":
+            self._on_load(identity, header)
+        elif kind == "unload":
+            self._on_unload(identity, header)
+        elif kind == "bye":
+            self._on_bye(identity)
+        elif kind == "shutdown":
+            self._send(identity, {"t": "ok", "rid": header.get("rid")})
+            self.stop()
+        else:
+            logger.warning("unknown message %r from worker", kind)
+
+    def _on_load(self, identity: bytes, header: dict[str, Any]) -> None:
+        try:
+            spec = ModelSpec.from_wire(header["spec"])
+            entry = ModelEntry(spec)
+            self.registry.add(entry)
+            assert self._loop is not None
+            entry.scheduler = ModelScheduler(entry, self._dispatch, self._loop.call_later)
+        except PyServeError as exc:
+            self._send(identity, {"t": "error", "rid": header["rid"], "message": str(exc)})
+            return
+        self._send(identity, {"t": "ok", "rid": header["rid"]})
+
+    def _on_unload(self, identity: bytes, header: dict[str, Any]) -> None:
+        entry = self.registry.remove(header["name"], header["version"])
+        if entry is not None:
+            if entry.scheduler is not None:
+                for request in entry.scheduler.drain():
+                    self._fail(request, ModelNotReadyError(f"model '{entry.name}' was unloaded"))
+            for instance in entry.instances:
+                self._instances.pop(instance.identity, None)
+                self._send(instance.identity, {"t": "stop"})
+        self._send(identity, {"t": "ok", "rid": header["rid"]})
+
+    def _on_hello(self, identity: bytes, header: dict[str, Any]) -> None:
+        try:
+            entry = self.registry.get(header["model"], header["version"])
+        except InferenceError as exc:
+            self._send(identity, {"t": "refused", "message": str(exc)})
+            return
+        instance = Instance(identity, header["instance"], header["kind"], header["pid"])
+        entry.instances.append(instance)
+        self._instances[identity] = (instance, entry, header["shm_prefix"])
+        self._send(identity, {"t": "welcome"})
+        assert entry.scheduler is not None
+        entry.scheduler.add_instance(instance)
+
+    def _on_bye(self, identity: bytes) -> None:
+        known = self._instances.pop(identity, None)
+        if known is None:
+            return
+        instance, entry, shm_prefix = known
+        if instance in entry.instances:
+            entry.instances.remove(instance)
+        if entry.scheduler is not None:
+            entry.scheduler.remove_instance(instance)
+        self._reader.forget(shm_prefix)
+        for batch_id, pending in list(self._pending.items()):
+            if pending.instance is instance:
+                del self._pending[batch_id]
+                for request in pending.requests:
+                    self._fail(request, WorkerDiedError(f"instance {instance.index} of model '{entry.name}' left"))
+
+    # batches --------------------------------------------------------------------------------------------------
+
+    def _dispatch(self, batch: list[InferenceRequest], instance: Instance) -> None:
+        entry = batch[0].model
+        now = time.monotonic_ns()
+        self._next_batch_id += 1
+        batch_id = self._next_batch_id
+        writer = FrameWriter(self._pool, self.config.shm_threshold_bytes)
+        blocks: list[Any] = []
+        head = batch[0]
+        if entry.batching:
+            rows = 0
+            for request in batch:
+                rows += request.rows
+            for name, tensor in head.inputs.items():
+                parts = [request.inputs[name].buffer() for request in batch]
+                nbytes = sum(memoryview(part).nbytes for part in parts)
+                loc = writer.add_parts(parts, nbytes)
+                blocks.append([name, tensor.datatype, [rows, *tensor.shape[1:]], loc, -1])
+        else:
+            rows = 1
+            for name, tensor in head.inputs.items():
+                loc = writer.add(tensor.buffer(), tensor.nbytes)
+                blocks.append([name, tensor.datatype, tensor.shape, loc, 0])
+        queue = entry.stats.queue
+        for request in batch:
+            queue.add(now - request.arrival_ns)
+        header = {
+            "t": "infer",
+            "b": batch_id,
+            "r": [[r.id, r.parameters, r.requested_outputs, r.rows] for r in batch],
+            "x": blocks,
+        }
+        self._pending[batch_id] = PendingBatch(batch, instance, entry, writer.slots, rows, now)
+        instance.batch_id = batch_id
+        self._send(instance.identity, header, writer.frames)
+
+    def _on_result(self, header: dict[str, Any], frames: list[Any]) -> None:
+        batch_id = header["b"]
+        final = header["final"]
+        pending = self._pending.pop(batch_id, None) if final else self._pending.get(batch_id)
+        if pending is None:
+            return
+        entry = pending.entry
+        stats = entry.stats
+        now = time.monotonic_ns()
+        error = header.get("err")
+        if error is not None:
+            exc = error_from_kind(error[0], error[1])
+            stats.record_failed_execution()
+            for request in pending.requests:
+                stats.fail.add(now - request.arrival_ns)
+                self._respond(request, InferenceResponse([], exc))
+        else:
+            per_request = header["o"]
+            if per_request is not None:
+                reader = self._reader
+                for request, descriptors in zip(pending.requests, per_request):
+                    if descriptors is None:
+                        continue
+                    outputs = [
+                        OutputTensor(name, datatype, shape, read_buffer(loc, frames, reader))
+                        for name, datatype, shape, loc in descriptors
+                    ]
+                    self._respond(request, InferenceResponse(outputs, final=final))
+            elif final:
+                for request in pending.requests:
+                    self._respond(request, InferenceResponse([], final=True))
+            if final:
+                input_ns, infer_ns, output_ns = header["tm"]
+                stats.record_execution(pending.rows, len(pending.requests), input_ns, infer_ns, output_ns)
+                for request in pending.requests:
+                    stats.success.add(now - request.arrival_ns)
+            if header["s"]:
+                self._send(pending.instance.identity, {"t": "free", "slots": header["s"]})
+        if final:
+            for name in pending.slots:
+                self._pool.release(name)
+            scheduler = entry.scheduler
+            if scheduler is not None and pending.instance.identity in self._instances:
+                scheduler.instance_done(pending.instance)
+
+    def _respond(self, request: InferenceRequest, response: InferenceResponse) -> None:
+        if request.done:
+            return
+        if response.final:
+            request.done = True
+        if request.cancelled and response.error is None:
+            response = InferenceResponse([], CancelledError("the request was cancelled"))
+        try:
+            request.on_response(request, response)
+        except Exception:
+            logger.exception("response callback of request %r failed", request.id)
+
+    def _fail(self, request: InferenceRequest, error: InferenceError) -> None:
+        self._respond(request, InferenceResponse([], error))
+
+
+def _set_parent_death_signal() -> None:
+    # Linux: the kernel sends SIGTERM when the parent dies, so the core never outlives a killed Serve.
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+async def serve_core(
+    config: ServeConfig, router_address: str, shm_prefix: str, parent_pid: int, ready_fd: int | None
+) -> None:
+    """Run the core until stopped; reports its ports on ``ready_fd`` once it accepts connections."""
+    import orjson
+
+    core = CoreServer(config, router_address, shm_prefix, parent_pid)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, core.stop)
+    _set_parent_death_signal()
+    if parent_pid and os.getppid() != parent_pid:
+        return
+    try:
+        await core.start()
+        if ready_fd is not None:
+            os.write(ready_fd, orjson.dumps({"http_port": core.http_port, "router": core.router_address}) + b"\n")
+            os.close(ready_fd)
+        await core.wait_stopped()
+    finally:
+        await core.close()

@@ -1,0 +1,152 @@
+"""The one exception tree of pyserve, and how each error maps onto HTTP and gRPC.
+
+    PyServeError
+    ├── ConfigError              invalid Tensor / ModelConfig / ServeConfig, bad bind
+    │   └── ModelAlreadyBoundError
+    ├── ServerError              the core process failed to start or went away
+    ├── InferenceError           anything that answers a request with an error
+    │   ├── InvalidInputError        400 / INVALID_ARGUMENT: malformed or mismatching request
+    │   ├── ModelNotFoundError       404 / NOT_FOUND: unknown model or version
+    │   ├── ModelNotReadyError       503 / UNAVAILABLE: model known but without live instances
+    │   ├── PayloadTooLargeError     413 / RESOURCE_EXHAUSTED: body over the configured limit
+    │   ├── QueueFullError           503 / UNAVAILABLE: the model's queue is full
+    │   ├── RequestTimeoutError      503 / DEADLINE_EXCEEDED: the request waited past its timeout
+    │   ├── CancelledError           499 / CANCELLED: the client went away
+    │   ├── UnsupportedError         501 / UNIMPLEMENTED: valid request this server cannot serve
+    │   ├── ModelExecutionError      500 / INTERNAL: the user's function raised (message + traceback)
+    │   │   └── OutputMismatchError  500 / INTERNAL: strict model returned a wrong output
+    │   └── WorkerDiedError          500 / INTERNAL: the instance running the request died
+    └── ClientError              raised by pyserve's own clients
+"""
+
+from __future__ import annotations
+
+
+class PyServeError(Exception):
+    """Base of every error pyserve raises."""
+
+
+class ConfigError(PyServeError, ValueError):
+    """A Tensor, ModelConfig, ServeConfig or bind() call is invalid."""
+
+
+class ModelAlreadyBoundError(ConfigError):
+    """A model with that name and version is already bound."""
+
+
+class ServerError(PyServeError, RuntimeError):
+    """The core serving process could not start or stopped unexpectedly."""
+
+
+class InferenceError(PyServeError):
+    """An error that answers an inference or control request."""
+
+    http_status = 500
+    grpc_code = "INTERNAL"
+
+
+class InvalidInputError(InferenceError, ValueError):
+    """The request is malformed or does not match the model's declared tensors."""
+
+    http_status = 400
+    grpc_code = "INVALID_ARGUMENT"
+
+
+class ModelNotFoundError(InferenceError, LookupError):
+    """No model (or version) of that name is bound."""
+
+    http_status = 404
+    grpc_code = "NOT_FOUND"
+
+
+class ModelNotReadyError(InferenceError):
+    """The model is known but has no live instance."""
+
+    http_status = 503
+    grpc_code = "UNAVAILABLE"
+
+
+class PayloadTooLargeError(InvalidInputError):
+    """The request body exceeds ServeConfig.max_request_bytes."""
+
+    http_status = 413
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+
+class QueueFullError(InferenceError):
+    """The model's queue holds its maximum number of requests."""
+
+    http_status = 503
+    grpc_code = "UNAVAILABLE"
+
+
+class RequestTimeoutError(InferenceError, TimeoutError):
+    """The request waited longer than its timeout."""
+
+    http_status = 503
+    grpc_code = "DEADLINE_EXCEEDED"
+
+
+class CancelledError(InferenceError):
+    """The client cancelled the request or disconnected."""
+
+    http_status = 499
+    grpc_code = "CANCELLED"
+
+
+class UnsupportedError(InferenceError):
+    """A valid request for something this server does not (yet) do."""
+
+    http_status = 501
+    grpc_code = "UNIMPLEMENTED"
+
+
+class ModelExecutionError(InferenceError):
+    """The model's infer function raised; the message carries its traceback."""
+
+    http_status = 500
+    grpc_code = "INTERNAL"
+
+
+class OutputMismatchError(ModelExecutionError):
+    """A strict model returned an output of the wrong name, dtype or shape."""
+
+
+class WorkerDiedError(InferenceError):
+    """The worker running the request exited before answering."""
+
+    http_status = 500
+    grpc_code = "INTERNAL"
+
+
+class ClientError(PyServeError):
+    """An error raised by pyserve's clients (connection, protocol or server error)."""
+
+
+_BY_NAME: dict[str, type[InferenceError]] = {
+    cls.__name__: cls
+    for cls in (
+        InferenceError,
+        InvalidInputError,
+        ModelNotFoundError,
+        ModelNotReadyError,
+        PayloadTooLargeError,
+        QueueFullError,
+        RequestTimeoutError,
+        CancelledError,
+        UnsupportedError,
+        ModelExecutionError,
+        OutputMismatchError,
+        WorkerDiedError,
+    )
+}
+
+
+def error_kind(error: InferenceError) -> str:
+    """The name used to carry an error across a process boundary."""
+    return type(error).__name__
+
+
+def error_from_kind(kind: str, message: str) -> InferenceError:
+    """Rebuild an error sent across a process boundary by error_kind()."""
+    return _BY_NAME.get(kind, InferenceError)(message)

@@ -1,0 +1,411 @@
+"""HTTP/REST front end: KServe v2 with Triton's extensions, on httptools + the core's asyncio loop.
+
+No framework sits on the infer path: one asyncio.Protocol per connection parses with httptools, routes on the
+path segments, decodes with ``kserve``, submits to the core and writes the response from the core's callback.
+Requests on one connection are answered in order (HTTP/1.1 pipelining is queued, not interleaved).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+import zlib
+from collections import deque
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+import httptools
+import orjson
+
+from pyserve._version import __version__
+from pyserve.config import ServeConfig
+from pyserve.core.inference import InferenceRequest, InferenceResponse
+from pyserve.core.registry import ModelEntry
+from pyserve.errors import (
+    InferenceError,
+    InvalidInputError,
+    ModelNotFoundError,
+    PayloadTooLargeError,
+    UnsupportedError,
+)
+from pyserve.frontends.kserve import InferCall, decode_request, encode_response
+
+if TYPE_CHECKING:
+    from pyserve.core.server import CoreServer
+
+logger = logging.getLogger(__name__)
+
+EXTENSIONS = ["binary_tensor_data", "parameters", "statistics", "model_configuration", "schedule_policy"]
+_REASONS = {
+    100: "Continue",
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    411: "Length Required",
+    413: "Payload Too Large",
+    415: "Unsupported Media Type",
+    499: "Client Closed Request",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+    503: "Service Unavailable",
+}
+_JSON = b"application/json"
+_BINARY = b"application/octet-stream"
+
+
+class HttpRequest:
+    """One parsed HTTP request."""
+
+    __slots__ = ("method", "path", "headers", "body", "keep_alive", "too_large")
+
+    def __init__(self) -> None:
+        self.method = b""
+        self.path = b""
+        self.headers: dict[bytes, bytes] = {}
+        self.body: bytearray | bytes = b""
+        self.keep_alive = True
+        self.too_large = False
+
+
+class HttpProtocol(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, app: HttpApp) -> None:
+        self.app = app
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.current = HttpRequest()
+        self.url = b""
+        self.backlog: deque[HttpRequest] = deque()
+        self.in_flight: InferenceRequest | None = None
+        self.busy = False
+        self.closed = False
+
+    # asyncio callbacks ---------------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.in_flight is not None:
+            self.app.core.cancel(self.in_flight)
+            self.in_flight = None
+        self.backlog.clear()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._send_error_and_close(400, "protocol upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            self._send_error_and_close(400, f"malformed HTTP request: {exc}")
+
+    # httptools callbacks -------------------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.current = HttpRequest()
+        self.url = b""
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.current.headers[name.lower()] = value
+
+    def on_headers_complete(self) -> None:
+        request = self.current
+        request.method = self.parser.get_method()
+        query = self.url.find(b"?")
+        request.path = self.url if query < 0 else self.url[:query]
+        length = request.headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.app.max_body:
+            request.too_large = True
+        elif request.headers.get(b"expect", b"").lower() == b"100-continue" and self.transport is not None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        request = self.current
+        if request.too_large:
+            return
+        if not request.body:
+            request.body = body
+            return
+        if isinstance(request.body, bytes):
+            request.body = bytearray(request.body)
+        request.body += body
+        if len(request.body) > self.app.max_body:
+            request.too_large = True
+            request.body = b""
+
+    def on_message_complete(self) -> None:
+        request = self.current
+        request.keep_alive = self.parser.should_keep_alive()
+        if self.busy:
+            self.backlog.append(request)
+        else:
+            self.busy = True
+            self.app.handle(self, request)
+
+    # responses -----------------------------------------------------------------------------------------------
+
+    def respond(
+        self,
+        request: HttpRequest,
+        status: int,
+        body: bytes | list[Any] = b"",
+        content_type: bytes = _JSON,
+        extra_headers: bytes = b"",
+    ) -> None:
+        """Write one response, then start the next pipelined request."""
+        self.in_flight = None
+        transport = self.transport
+        if self.closed or transport is None:
+            return
+        if isinstance(body, list):
+            length = sum(memoryview(part).nbytes for part in body)
+        else:
+            length = len(body)
+        head = b"HTTP/1.1 %d %s\r\ncontent-length: %d\r\n" % (status, _REASONS.get(status, "").encode(), length)
+        if length or content_type is not _JSON:
+            head += b"content-type: " + content_type + b"\r\n"
+        if not request.keep_alive:
+            head += b"connection: close\r\n"
+        head += extra_headers + b"\r\n"
+        if isinstance(body, list):
+            transport.write(b"".join([head, *body]))
+        else:
+            transport.write(head + body if body else head)
+        if not request.keep_alive:
+            transport.close()
+            self.closed = True
+            return
+        if self.backlog:
+            self.app.handle(self, self.backlog.popleft())
+        else:
+            self.busy = False
+
+    def respond_error(self, request: HttpRequest, status: int, message: str) -> None:
+        """Triton's error shape: ``{"error": "..."}``."""
+        self.respond(request, status, orjson.dumps({"error": message}))
+
+    def _send_error_and_close(self, status: int, message: str) -> None:
+        if self.transport is not None and not self.closed:
+            body = orjson.dumps({"error": message})
+            self.transport.write(
+                b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+                % (status, _REASONS.get(status, "").encode(), len(body))
+                + body
+            )
+            self.transport.close()
+        self.closed = True
+
+
+class HttpApp:
+    """Routes requests to the core; shared by every connection."""
+
+    def __init__(self, core: CoreServer, config: ServeConfig) -> None:
+        self.core = core
+        self.max_body = config.max_request_bytes
+
+    def handle(self, conn: HttpProtocol, request: HttpRequest) -> None:
+        """Answer one request (infer answers later, from the core's callback)."""
+        try:
+            if request.too_large:
+                raise PayloadTooLargeError(f"request body exceeds the limit of {self.max_body} bytes")
+            self._route(conn, request)
+        except InferenceError as exc:
+            status = 400 if isinstance(exc, ModelNotFoundError) and request.path.endswith(b"/stats") else exc.http_status
+            conn.respond_error(request, status, str(exc))
+        except Exception as exc:
+            logger.exception("unexpected error handling %r", request.path)
+            conn.respond_error(request, 500, f"internal server error: {exc}")
+
+    def _route(self, conn: HttpProtocol, request: HttpRequest) -> None:
+        parts = request.path.decode("latin-1").strip("/").split("/")
+        method = request.method
+        if not parts or parts[0] != "v2":
+            conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
+            return
+        rest = parts[1:]
+        if not rest:
+            self._json(conn, request, method, {"name": "pyserve", "version": __version__, "extensions": EXTENSIONS})
+            return
+        if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
+            if method != b"GET":
+                conn.respond_error(request, 405, "use GET")
+                return
+            ok = rest[1] == "live" or self.core.is_ready()
+            conn.respond(request, 200 if ok else 400)
+            return
+        if rest[0] == "models":
+            self._route_models(conn, request, method, rest[1:])
+            return
+        if rest == ["repository", "index"] and method == b"POST":
+            index = [
+                {"name": e.name, "version": str(e.version), "state": "READY" if e.ready else "UNAVAILABLE"}
+                for e in self.core.registry.entries()
+            ]
+            conn.respond(request, 200, orjson.dumps(index))
+            return
+        conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
+
+    def _route_models(self, conn: HttpProtocol, request: HttpRequest, method: bytes, rest: list[str]) -> None:
+        registry = self.core.registry
+        if rest == ["stats"] or not rest:
+            if not rest:
+                conn.respond_error(request, 404, "not found: /v2/models")
+                return
+            stats = [e.stats.to_json(e.name, e.version) for e in registry.entries()]
+            self._json(conn, request, method, {"model_stats": stats})
+            return
+        name = unquote(rest[0])
+        version: str | None = None
+        tail = rest[1:]
+        if len(tail) >= 2 and tail[0] == "versions":
+            version = unquote(tail[1])
+            tail = tail[2:]
+        if len(tail) > 1:
+            conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
+            return
+        action = tail[0] if tail else ""
+        if action == "infer":
+            if method != b"POST":
+                conn.respond_error(request, 405, "use POST for infer")
+                return
+            self._infer(conn, request, registry.get(name, version))
+            return
+        if action == "stats":
+            if version is None:
+                entries = registry.versions(name)
+                if not entries:
+                    raise ModelNotFoundError(f"requested model '{name}' is not found")
+            else:
+                entries = [registry.get(name, version)]
+            self._json(conn, request, method, {"model_stats": [e.stats.to_json(e.name, e.version) for e in entries]})
+            return
+        entry = registry.get(name, version)
+        if action == "":
+            self._json(conn, request, method, entry.metadata())
+        elif action == "config":
+            self._json(conn, request, method, entry.config_json())
+        elif action == "ready":
+            conn.respond(request, 200 if entry.ready else 400)
+        elif action in ("generate", "generate_stream"):
+            raise UnsupportedError(f"'{action}' is not supported yet")
+        else:
+            conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
+
+    def _json(self, conn: HttpProtocol, request: HttpRequest, method: bytes, doc: Any) -> None:
+        if method != b"GET":
+            conn.respond_error(request, 405, "use GET")
+            return
+        conn.respond(request, 200, orjson.dumps(doc))
+
+    # infer ---------------------------------------------------------------------------------------------------
+
+    def _infer(self, conn: HttpProtocol, request: HttpRequest, entry: ModelEntry) -> None:
+        if entry.spec.config.decoupled:
+            raise UnsupportedError(
+                f"model '{entry.name}' is decoupled (streaming): use gRPC ModelStreamInfer or /generate_stream"
+            )
+        headers = request.headers
+        body: Any = request.body
+        encoding = headers.get(b"content-encoding")
+        if encoding:
+            body = _decompress(body, encoding.lower(), self.max_body)
+        header_length: int | None = None
+        raw_length = headers.get(b"inference-header-content-length")
+        if raw_length is not None:
+            try:
+                header_length = int(raw_length)
+            except ValueError:
+                raise InvalidInputError(f"Inference-Header-Content-Length must be an integer, got {raw_length!r}") from None
+        call = decode_request(body, header_length, entry)
+        accept = headers.get(b"accept-encoding", b"").lower()
+        compress = b"gzip" if b"gzip" in accept else b"deflate" if b"deflate" in accept else b""
+
+        def on_response(infer: InferenceRequest, response: InferenceResponse) -> None:
+            self._write_response(conn, request, entry, call, response, compress)
+
+        infer = InferenceRequest(
+            model=entry,
+            id=call.id,
+            inputs=call.inputs,
+            parameters=call.parameters,
+            requested_outputs=call.requested_outputs,
+            rows=0,
+            on_response=on_response,
+        )
+        infer.rows = _rows(entry, call)
+        infer.signature = _signature(call) if entry.batching else ()
+        conn.in_flight = infer
+        self.core.submit(infer)
+
+    def _write_response(
+        self,
+        conn: HttpProtocol,
+        request: HttpRequest,
+        entry: ModelEntry,
+        call: InferCall,
+        response: InferenceResponse,
+        compress: bytes,
+    ) -> None:
+        if response.error is not None:
+            conn.respond_error(request, response.error.http_status, str(response.error))
+            return
+        header, parts = encode_response(entry, call, response.outputs, response.parameters or None)
+        extra = b""
+        if parts:
+            extra = b"inference-header-content-length: %d\r\n" % len(header)
+            content_type = _BINARY
+        else:
+            content_type = _JSON
+        body: bytes | list[Any] = [header, *parts] if parts else header
+        if compress:
+            joined = b"".join(body) if isinstance(body, list) else body
+            body = gzip.compress(joined, 1) if compress == b"gzip" else zlib.compress(joined, 1)
+            extra += b"content-encoding: " + compress + b"\r\n"
+        conn.respond(request, 200, body, content_type, extra)
+
+
+def _rows(entry: ModelEntry, call: InferCall) -> int:
+    if not entry.batching:
+        return 1
+    first = next(iter(call.inputs.values()))
+    return first.shape[0]
+
+
+def _signature(call: InferCall) -> tuple[Any, ...]:
+    return tuple(sorted((name, t.datatype, tuple(t.shape[1:])) for name, t in call.inputs.items()))
+
+
+def _decompress(body: bytes | bytearray, encoding: bytes, limit: int) -> bytes:
+    try:
+        if encoding == b"gzip":
+            decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif encoding == b"deflate":
+            decompressor = zlib.decompressobj()
+        elif encoding == b"identity":
+            return bytes(body)
+        else:
+            raise UnsupportedError(f"unsupported Content-Encoding {encoding.decode('latin-1')!r}; use gzip or deflate")
+        out = decompressor.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InvalidInputError(f"could not decompress the {encoding.decode('latin-1')} request body: {exc}") from None
+    if len(out) > limit:
+        raise PayloadTooLargeError(f"decompressed request body exceeds the limit of {limit} bytes")
+    return out
+
+
+async def start_http_server(core: CoreServer, config: ServeConfig) -> tuple[asyncio.base_events.Server, int]:
+    """Listen on config.host:http_port; returns the server and the bound port."""
+    app = HttpApp(core, config)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: HttpProtocol(app), host=config.host, port=config.http_port, reuse_address=True, backlog=1024
+    )
+    port = server.sockets[0].getsockname()[1]
+    return server, port

@@ -1,0 +1,309 @@
+"""KServe v2 / Triton HTTP infer codec: JSON tensors and the binary tensor data extension.
+
+Decoding turns a request body into validated ``InputTensor`` objects (fixed-size data as numpy views of the
+body, no copy; BYTES as their length-prefixed blob). Encoding turns ``OutputTensor`` objects into the response
+JSON header plus the binary parts that follow it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from pyserve.core.inference import InputTensor, OutputTensor
+from pyserve.core.registry import ModelEntry
+from pyserve.dtypes import DATATYPES, itemsize, numpy_dtype, serialize_bytes
+from pyserve.errors import InvalidInputError
+
+# Request parameters Triton defines; any other name starting with "triton_" is reserved and refused.
+_TRITON_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
+# Protocol-level parameters consumed here, not handed to the model.
+_PROTOCOL_PARAMETERS = frozenset({"binary_data_output"})
+_LENGTH_CHECK_LIMIT = 1 << 16
+
+
+@dataclass(slots=True)
+class InferCall:
+    """A decoded infer request: inputs, parameters and how each output should be encoded."""
+
+    id: str
+    inputs: dict[str, InputTensor]
+    parameters: dict[str, Any]
+    requested_outputs: list[str]
+    binary_outputs: dict[str, bool] = field(default_factory=dict)
+    binary_default: bool = False
+
+
+def decode_request(body: bytes | bytearray | memoryview, header_length: int | None, entry: ModelEntry) -> InferCall:
+    """Split and decode an infer request body for ``entry`` (raises InvalidInputError with the reason)."""
+    view = memoryview(body)
+    if header_length == 0:
+        return _decode_raw(view, entry)
+    if header_length is None:
+        header_bytes, binary = view, view[len(view) :]
+    else:
+        if header_length < 0 or header_length > len(view):
+            raise InvalidInputError(
+                f"Inference-Header-Content-Length {header_length} is larger than the request body ({len(view)} bytes)"
+            )
+        header_bytes, binary = view[:header_length], view[header_length:]
+    try:
+        doc = orjson.loads(header_bytes)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInputError(f"failed to parse the request JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInputError("the request JSON must be an object")
+    request_id = doc.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidInputError(f"request 'id' must be a string, got {type(request_id).__name__}")
+    parameters = _parameters(doc.get("parameters"), "request")
+    for name in parameters:
+        if name.startswith("triton_") and name not in _TRITON_PARAMETERS:
+            raise InvalidInputError(f"parameter '{name}' is reserved: names starting with 'triton_' are Triton's")
+    binary_default = bool(parameters.get("binary_data_output", False))
+    model_parameters = {k: v for k, v in parameters.items() if k not in _PROTOCOL_PARAMETERS}
+
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list):
+        raise InvalidInputError("the request JSON must have an 'inputs' list")
+    inputs: dict[str, InputTensor] = {}
+    offset = 0
+    for raw in raw_inputs:
+        tensor, name, used = _decode_input(raw, binary, offset)
+        offset += used
+        if name in inputs:
+            raise InvalidInputError(f"input '{name}' appears more than once")
+        inputs[name] = tensor
+    if offset != len(binary):
+        raise InvalidInputError(
+            f"the request body has {len(binary) - offset} bytes after the binary data of its inputs"
+        )
+
+    requested: list[str] = []
+    binary_outputs: dict[str, bool] = {}
+    raw_outputs = doc.get("outputs")
+    if raw_outputs is not None:
+        if not isinstance(raw_outputs, list):
+            raise InvalidInputError("'outputs' must be a list")
+        for raw in raw_outputs:
+            if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+                raise InvalidInputError("each requested output must be an object with a 'name'")
+            name = raw["name"]
+            out_params = _parameters(raw.get("parameters"), f"output '{name}'")
+            if "classification" in out_params:
+                raise InvalidInputError(f"output '{name}': the classification extension is not supported")
+            requested.append(name)
+            # An output listed without binary_data comes back as JSON, whatever binary_data_output says.
+            binary_outputs[name] = bool(out_params.get("binary_data", False))
+    entry.validate(inputs, requested)
+    return InferCall(request_id, inputs, model_parameters, requested, binary_outputs, binary_default)
+
+
+def _parameters(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"{where} 'parameters' must be an object")
+    return value
+
+
+def _decode_input(raw: Any, binary: memoryview, offset: int) -> tuple[InputTensor, str, int]:
+    if not isinstance(raw, dict):
+        raise InvalidInputError("each input must be a JSON object")
+    name = raw.get("name")
+    if not isinstance(name, str):
+        raise InvalidInputError("each input must have a string 'name'")
+    datatype = raw.get("datatype")
+    if datatype not in DATATYPES:
+        raise InvalidInputError(f"input '{name}': unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
+    shape = raw.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise InvalidInputError(f"input '{name}': 'shape' must be a list of non-negative integers, got {shape!r}")
+    count = math.prod(shape)
+    params = _parameters(raw.get("parameters"), f"input '{name}'")
+    size = params.get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise InvalidInputError(f"input '{name}': binary_data_size must be a non-negative integer, got {size!r}")
+        if "data" in raw:
+            raise InvalidInputError(f"input '{name}' has both 'data' and binary_data_size")
+        if offset + size > len(binary):
+            raise InvalidInputError(
+                f"input '{name}': binary_data_size {size} exceeds the {len(binary) - offset} bytes left in the body"
+            )
+        chunk = binary[offset : offset + size]
+        return _from_binary(name, datatype, shape, count, chunk), name, size
+    if "data" not in raw:
+        raise InvalidInputError(f"input '{name}' has neither 'data' nor a binary_data_size parameter")
+    return _from_json(name, datatype, shape, count, raw["data"]), name, 0
+
+
+def _from_binary(name: str, datatype: str, shape: list[int], count: int, chunk: memoryview) -> InputTensor:
+    if datatype == "BYTES":
+        check_bytes_blob(name, chunk, count)
+        return InputTensor(datatype, shape, chunk)
+    expected = count * itemsize(datatype)
+    if len(chunk) != expected:
+        raise InvalidInputError(
+            f"input '{name}': shape {shape} of {datatype} needs {expected} bytes, got {len(chunk)}"
+        )
+    array = np.frombuffer(chunk, dtype=numpy_dtype(datatype), count=count).reshape(shape)
+    return InputTensor(datatype, shape, array)
+
+
+def check_bytes_blob(name: str, chunk: memoryview, count: int) -> None:
+    """Check that chunk holds exactly ``count`` length-prefixed elements."""
+    size = len(chunk)
+    offset = 0
+    raw = chunk.cast("B") if chunk.format != "B" else chunk
+    for index in range(count):
+        if offset + 4 > size:
+            raise InvalidInputError(
+                f"input '{name}': BYTES data ends after {index} of {count} elements (no room for a length prefix)"
+            )
+        length = int.from_bytes(raw[offset : offset + 4], "little")
+        offset += 4 + length
+        if offset > size:
+            raise InvalidInputError(
+                f"input '{name}': BYTES element {index} declares {length} bytes but only "
+                f"{size - offset + length} remain"
+            )
+    if offset != size:
+        raise InvalidInputError(f"input '{name}': BYTES data has {size - offset} bytes after its {count} elements")
+
+
+def _from_json(name: str, datatype: str, shape: list[int], count: int, data: Any) -> InputTensor:
+    if datatype in ("FP16", "BF16"):
+        raise InvalidInputError(
+            f"input '{name}': {datatype} cannot be sent as JSON; use the binary tensor data extension "
+            "(binary_data_size)"
+        )
+    if not isinstance(data, list):
+        data = [data]
+    if datatype == "BYTES":
+        flat = _flatten(data)
+        if len(flat) != count:
+            raise InvalidInputError(f"input '{name}': shape {shape} has {count} elements but data has {len(flat)}")
+        items = np.empty(count, dtype=object)
+        for index, item in enumerate(flat):
+            if isinstance(item, str):
+                items[index] = item.encode("utf-8")
+            else:
+                raise InvalidInputError(f"input '{name}': BYTES data must be strings, got {type(item).__name__}")
+        return InputTensor(datatype, shape, serialize_bytes(items))
+    try:
+        array = np.asarray(data)
+    except ValueError as exc:
+        raise InvalidInputError(f"input '{name}': data is not a regular nested list: {exc}") from None
+    if array.size != count:
+        raise InvalidInputError(f"input '{name}': shape {shape} has {count} elements but data has {array.size}")
+    target = numpy_dtype(datatype)
+    kind = array.dtype.kind
+    if count:
+        if datatype == "BOOL":
+            ok = kind == "b"
+        elif target.kind in ("i", "u"):
+            ok = kind in ("i", "u")
+        else:
+            ok = kind in ("i", "u", "f")
+        if not ok:
+            raise InvalidInputError(f"input '{name}': data of type {array.dtype} is not valid {datatype}")
+        if target.kind in ("i", "u"):
+            info = np.iinfo(target)
+            if array.min() < info.min or array.max() > info.max:
+                raise InvalidInputError(f"input '{name}': a value is out of range for {datatype}")
+    return InputTensor(datatype, shape, array.astype(target, copy=False).reshape(shape))
+
+
+def _flatten(data: list[Any]) -> list[Any]:
+    if not any(isinstance(item, list) for item in data):
+        return data
+    out: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
+    return out
+
+
+def _decode_raw(body: memoryview, entry: ModelEntry) -> InferCall:
+    # Inference-Header-Content-Length: 0 means the body is the raw bytes of the model's only input.
+    declared = entry.single_input
+    if declared is None:
+        raise InvalidInputError(
+            f"a raw binary request (Inference-Header-Content-Length: 0) needs a model with exactly one input; "
+            f"model '{entry.name}' has {len(entry.inputs)}"
+        )
+    dims = list(declared.shape)
+    datatype = declared.datatype
+    if datatype == "BYTES":
+        shape = [1] * (len(dims) + (1 if entry.batching else 0))
+        count = 1
+    else:
+        size = itemsize(datatype)
+        fixed = math.prod(d for d in dims if d != -1)
+        variable = [i for i, d in enumerate(dims) if d == -1]
+        if len(variable) > 1:
+            raise InvalidInputError(
+                f"input '{declared.name}': a raw binary request cannot infer shape {dims} (more than one -1)"
+            )
+        if len(body) % (size * fixed):
+            raise InvalidInputError(
+                f"input '{declared.name}': {len(body)} raw bytes are not a whole number of {datatype} elements "
+                f"of shape {dims}"
+            )
+        if variable:
+            dims[variable[0]] = len(body) // (size * fixed)
+        elif len(body) != size * fixed:
+            raise InvalidInputError(
+                f"input '{declared.name}': shape {dims} of {datatype} needs {size * fixed} bytes, got {len(body)}"
+            )
+        shape = ([1] if entry.batching else []) + dims
+        count = math.prod(shape)
+    tensor = _from_binary(declared.name, datatype, shape, count, body)
+    inputs = {declared.name: tensor}
+    entry.validate(inputs, [])
+    return InferCall("", inputs, {}, [], {}, binary_default=True)
+
+
+def encode_response(
+    entry: ModelEntry, call: InferCall, outputs: list[OutputTensor], parameters: dict[str, Any] | None = None
+) -> tuple[bytes, list[Any]]:
+    """The response JSON header and the binary parts that follow it (empty when every output is JSON)."""
+    described: list[dict[str, Any]] = []
+    parts: list[Any] = []
+    binary_outputs = call.binary_outputs
+    default = call.binary_default
+    for output in outputs:
+        entry_doc: dict[str, Any] = {"name": output.name, "datatype": output.datatype, "shape": output.shape}
+        if binary_outputs.get(output.name, default):
+            entry_doc["parameters"] = {"binary_data_size": output.buffer.nbytes}
+            parts.append(output.buffer)
+        else:
+            entry_doc["data"] = _json_data(output)
+        described.append(entry_doc)
+    doc: dict[str, Any] = {"model_name": entry.name, "model_version": str(entry.version)}
+    if call.id:
+        doc["id"] = call.id
+    if parameters:
+        doc["parameters"] = parameters
+    doc["outputs"] = described
+    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY), parts
+
+
+def _json_data(output: OutputTensor) -> Any:
+    array = output.to_numpy()
+    if output.datatype == "BYTES":
+        return [item.decode("utf-8", errors="replace") for item in array.reshape(-1)]
+    if output.datatype == "BF16":
+        array = array.astype(np.float32)
+    return array.reshape(-1).tolist()

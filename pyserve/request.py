@@ -1,0 +1,107 @@
+"""What an infer function receives: requests, the batch they arrived in, and its own model's context."""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from pyserve.config import ModelConfig, Tensor
+
+
+class Request(Mapping[str, np.ndarray]):
+    """One inference request: its input arrays (also reachable as ``request["a"]``), parameters and the
+    outputs the client asked for (empty means all)."""
+
+    __slots__ = ("data", "parameters", "requested_output_names", "id", "_cancel_flag")
+
+    def __init__(
+        self,
+        data: dict[str, np.ndarray],
+        parameters: dict[str, Any] | None = None,
+        requested_output_names: tuple[str, ...] = (),
+        id: str = "",
+        cancel_flag: threading.Event | None = None,
+    ) -> None:
+        self.data = data
+        self.parameters = parameters if parameters is not None else {}
+        self.requested_output_names = requested_output_names
+        self.id = id
+        self._cancel_flag = cancel_flag
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.data[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    @property
+    def is_cancelled(self) -> bool:
+        """True once the client cancelled this request or went away."""
+        return self._cancel_flag is not None and self._cancel_flag.is_set()
+
+    def __repr__(self) -> str:
+        shapes = {k: (v.dtype.name, v.shape) for k, v in self.data.items()}
+        return f"Request(id={self.id!r}, data={shapes}, parameters={self.parameters})"
+
+
+class RequestBatch(list[Request]):
+    """The requests of one execution, in arrival order.
+
+    ``merged`` holds, per input, one contiguous array with the rows of every request in order when the core laid
+    the batch out that way (same trailing shape in every request): ``@batch`` then hands it on without copying.
+    """
+
+    merged: dict[str, np.ndarray] | None = None
+
+    def rows(self) -> list[int]:
+        """Rows (first-dimension length) of each request."""
+        out = []
+        for request in self:
+            first = next(iter(request.data.values()), None)
+            out.append(int(first.shape[0]) if first is not None and first.ndim else 1)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelContext:
+    """The running model as seen from inside its infer function (see ``current_model()``)."""
+
+    name: str
+    version: int
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    config: ModelConfig
+    instance: int = 0
+    device: str = "cpu"
+
+
+_CURRENT: contextvars.ContextVar[ModelContext] = contextvars.ContextVar("pyserve_current_model")
+
+
+def current_model() -> ModelContext:
+    """The model whose infer function is running (name, version, declared tensors, config, instance, device).
+
+    Raises LookupError outside an infer function.
+    """
+    try:
+        return _CURRENT.get()
+    except LookupError:
+        raise LookupError("current_model() is only available inside a pyserve infer function") from None
+
+
+def set_current_model(context: ModelContext) -> contextvars.Token[ModelContext]:
+    """Make ``context`` what current_model() returns in this thread/task (used by workers and tests)."""
+    return _CURRENT.set(context)
+
+
+def reset_current_model(token: contextvars.Token[ModelContext]) -> None:
+    """Undo set_current_model()."""
+    _CURRENT.reset(token)

@@ -1,0 +1,323 @@
+"""``Serve``: bind Python functions as models and run the core serving process for them.
+
+Serve only wires the pieces and manages their lifetime: it spawns the core process (``python -m pyserve.core``),
+which reports readiness on a pipe; loads each bound model into it over a ZeroMQ control socket; and starts the
+model's instances as threads that connect to the core themselves.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import itertools
+import logging
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from types import FrameType, TracebackType
+from typing import Any
+
+import orjson
+import zmq
+
+from pyserve.config import ModelConfig, ModelSpec, ServeConfig, Tensor, WorkerKind, as_tensors
+from pyserve.errors import ConfigError, ModelAlreadyBoundError, ServerError
+from pyserve.transport.messages import pack_header, unpack_header
+from pyserve.transport.shm import remove_segments
+from pyserve.worker.instance import InstanceRunner
+
+logger = logging.getLogger(__name__)
+
+_CONTROL_TIMEOUT_S = 30.0
+_STOP_TIMEOUT_S = 5.0
+
+
+@dataclasses.dataclass(eq=False)
+class _BoundModel:
+    spec: ModelSpec
+    functions: list[Callable[..., Any]]
+    threads: list[threading.Thread] = dataclasses.field(default_factory=list)
+    loaded: bool = False
+
+
+class Serve:
+    """A pyserve server: ``with Serve() as s: s.bind(...); s.serve()`` (or ``s.run()`` to return at once)."""
+
+    def __init__(self, config: ServeConfig | None = None) -> None:
+        self.config = config if config is not None else ServeConfig.from_env()
+        self._models: dict[tuple[str, int], _BoundModel] = {}
+        self._process: subprocess.Popen[bytes] | None = None
+        self._control: zmq.Socket[Any] | None = None
+        self._control_lock = threading.Lock()
+        self._request_ids = itertools.count(1)
+        self._stop_event = threading.Event()
+        self._runtime_dir: str | None = None
+        self._session = f"pyserve-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._router_address = ""
+        self.http_port = 0
+
+    # public API -----------------------------------------------------------------------------------------------
+
+    def bind(
+        self,
+        model_name: str,
+        infer_func: Callable[..., Any] | Sequence[Callable[..., Any]],
+        inputs: Sequence[Tensor],
+        outputs: Sequence[Tensor],
+        config: ModelConfig | None = None,
+        model_version: int = 1,
+        strict: bool = False,
+    ) -> None:
+        """Serve ``infer_func`` as ``model_name``. A list of callables makes one thread instance each.
+
+        Before ``run()`` the model is recorded; on a running server it is loaded at once.
+        """
+        config = config if config is not None else ModelConfig()
+        spec = ModelSpec(
+            name=model_name,
+            version=model_version,
+            inputs=as_tensors(inputs, "inputs"),
+            outputs=as_tensors(outputs, "outputs"),
+            config=config,
+            strict=strict,
+        )
+        if callable(infer_func):
+            functions = [infer_func] * config.instances
+        else:
+            functions = list(infer_func)
+            if not functions or not all(callable(f) for f in functions):
+                raise ConfigError(f"model '{model_name}': infer_func must be a callable or a list of callables")
+            if config.instances not in (1, len(functions)):
+                raise ConfigError(
+                    f"model '{model_name}': {len(functions)} callables given but ModelConfig.instances is "
+                    f"{config.instances}"
+                )
+            spec = dataclasses.replace(spec, config=dataclasses.replace(config, instances=len(functions)))
+        if config.worker is not WorkerKind.THREAD:
+            raise ConfigError(
+                f"model '{model_name}': worker={config.worker.value!r} is not available yet; "
+                "use the default thread worker"
+            )
+        if config.devices:
+            raise ConfigError(f"model '{model_name}': device placement needs process workers, not available yet")
+        key = (model_name, model_version)
+        if key in self._models:
+            raise ModelAlreadyBoundError(f"model '{model_name}' version {model_version} is already bound")
+        bound = _BoundModel(spec, functions)
+        self._models[key] = bound
+        if self._process is not None:
+            try:
+                self._load(bound)
+            except BaseException:
+                self._models.pop(key, None)
+                raise
+
+    def run(self) -> Serve:
+        """Start the core process and load every bound model; returns once all are ready."""
+        if self._process is None:
+            self._stop_event.clear()
+            self._start_core()
+            atexit.register(self.stop)
+        for bound in list(self._models.values()):
+            if not bound.loaded:
+                self._load(bound)
+        return self
+
+    def serve(self) -> None:
+        """Run and block until Ctrl+C, SIGTERM or the core process exits; then stop."""
+        self.run()
+        previous = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
+            raise KeyboardInterrupt
+
+        if previous is not None:
+            signal.signal(signal.SIGTERM, on_sigterm)
+        try:
+            assert self._process is not None
+            while self._process.poll() is None:
+                time.sleep(0.2)
+            if not self._stop_event.is_set():
+                logger.error("the core process exited with status %s", self._process.returncode)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop the core process and every instance; remove sockets and shared memory. Idempotent."""
+        process = self._process
+        if process is None:
+            return
+        self._stop_event.set()
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for bound in self._models.values():
+            for thread in bound.threads:
+                thread.join(_STOP_TIMEOUT_S)
+            bound.threads.clear()
+            bound.loaded = False
+        if self._control is not None:
+            self._control.close(linger=0)
+            self._control = None
+        remove_segments(self._session)
+        if self._runtime_dir is not None:
+            shutil.rmtree(self._runtime_dir, ignore_errors=True)
+            self._runtime_dir = None
+        self._process = None
+        atexit.unregister(self.stop)
+
+    @property
+    def is_running(self) -> bool:
+        """Whether the core process is up."""
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the HTTP front end, e.g. ``http://127.0.0.1:8000``."""
+        return f"http://{self.config.host}:{self.http_port}"
+
+    def __enter__(self) -> Serve:
+        return self.run()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # internals ------------------------------------------------------------------------------------------------
+
+    def _start_core(self) -> None:
+        config = self.config
+        if config.transport == "ipc":
+            self._runtime_dir = tempfile.mkdtemp(prefix="pyserve-")
+            router = f"ipc://{self._runtime_dir}/core.sock"
+        else:
+            router = f"tcp://{config.host}:*"
+        read_fd, write_fd = os.pipe()
+        command = [
+            sys.executable,
+            "-m",
+            "pyserve.core",
+            "--config",
+            orjson.dumps(dataclasses.asdict(config)).decode(),
+            "--router",
+            router,
+            "--shm-prefix",
+            self._session,
+            "--parent-pid",
+            str(os.getpid()),
+            "--ready-fd",
+            str(write_fd),
+        ]
+        try:
+            self._process = subprocess.Popen(command, pass_fds=(write_fd,), stdin=subprocess.DEVNULL)
+        finally:
+            os.close(write_fd)
+        try:
+            ready = self._wait_ready(read_fd)
+        except BaseException:
+            os.close(read_fd)
+            self.stop()
+            raise
+        os.close(read_fd)
+        self.http_port = ready["http_port"]
+        self._router_address = ready["router"]
+        control = zmq.Context.instance().socket(zmq.DEALER)
+        control.setsockopt(zmq.LINGER, 0)
+        control.connect(self._router_address)
+        self._control = control
+
+    def _wait_ready(self, read_fd: int) -> dict[str, Any]:
+        assert self._process is not None
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        data = b""
+        while not data.endswith(b"\n"):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ServerError(f"the core process did not start within {self.config.startup_timeout_s} s")
+            readable, _, _ = select.select([read_fd], [], [], min(remaining, 0.2))
+            if readable:
+                chunk = os.read(read_fd, 4096)
+                if not chunk:
+                    break
+                data += chunk
+            elif self._process.poll() is not None:
+                break
+        if not data.endswith(b"\n"):
+            status = self._process.wait()
+            raise ServerError(
+                f"the core process exited with status {status} before it was ready "
+                f"(is port {self.config.http_port} on {self.config.host} free?)"
+            )
+        return orjson.loads(data)  # type: ignore[no-any-return]
+
+    def _request(self, message: dict[str, Any]) -> dict[str, Any]:
+        assert self._control is not None
+        with self._control_lock:
+            rid = next(self._request_ids)
+            message["rid"] = rid
+            self._control.send(pack_header(message))
+            deadline = time.monotonic() + _CONTROL_TIMEOUT_S
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._control.poll(int(remaining * 1000)):
+                    raise ServerError(f"the core process did not answer {message['t']!r} in time")
+                reply = unpack_header(self._control.recv())
+                if reply.get("rid") == rid:
+                    return reply
+
+    def _load(self, bound: _BoundModel) -> None:
+        spec = bound.spec
+        reply = self._request({"t": "load", "spec": spec.to_wire()})
+        if reply["t"] == "error":
+            raise ConfigError(reply["message"])
+        ready: list[str | None] = []
+        events: list[threading.Event] = []
+        for index, function in enumerate(bound.functions):
+            event = threading.Event()
+            events.append(event)
+            runner = InstanceRunner(
+                self._router_address,
+                spec,
+                function,
+                index,
+                self._session,
+                self.config.shm_threshold_bytes,
+                self.config.shm_pool_bytes,
+            )
+
+            def on_ready(error: str | None, event: threading.Event = event) -> None:
+                ready.append(error)
+                event.set()
+
+            thread = threading.Thread(
+                target=runner.run,
+                args=(self._stop_event, on_ready),
+                name=f"pyserve-{spec.name}-{index}",
+                daemon=True,
+            )
+            thread.start()
+            bound.threads.append(thread)
+        for event in events:
+            if not event.wait(self.config.startup_timeout_s):
+                raise ServerError(f"instances of model '{spec.name}' did not connect to the core in time")
+        errors = [e for e in ready if e]
+        if errors:
+            raise ServerError(f"model '{spec.name}' could not start: {errors[0]}")
+        bound.loaded = True

@@ -1,0 +1,137 @@
+"""A pool of shared-memory segments for tensors too large to travel inline over ZeroMQ.
+
+Each slot is one segment (``/dev/shm/<prefix>-<n>``) sized to a power of two. Freed slots are kept and reused,
+so a steady stream of requests maps no new memory and takes no page faults. The owner of a pool creates and
+unlinks its segments; readers map a segment once by name (``ShmReader``) and cache the mapping.
+Every segment name starts with the session prefix, so ``remove_segments(prefix)`` cleans up after any crash.
+"""
+
+from __future__ import annotations
+
+import glob
+import mmap
+import os
+import tempfile
+from dataclasses import dataclass
+
+SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+MIN_SLOT_BYTES = 64 * 1024
+
+
+@dataclass
+class Slot:
+    """One segment of a pool: its name, capacity and writable mapping."""
+
+    name: str
+    capacity: int
+    buffer: mmap.mmap
+
+
+def _size_class(nbytes: int) -> int:
+    return max(MIN_SLOT_BYTES, 1 << (max(nbytes, 1) - 1).bit_length())
+
+
+def _path(name: str) -> str:
+    return os.path.join(SHM_DIR, name)
+
+
+class ShmPool:
+    """Owner side: allocate a slot of at least n bytes, release it for reuse, unlink everything on close."""
+
+    def __init__(self, prefix: str, limit_bytes: int) -> None:
+        self.prefix = prefix
+        self.limit_bytes = limit_bytes
+        self.mapped_bytes = 0
+        self._counter = 0
+        self._free: dict[int, list[Slot]] = {}
+        self._slots: dict[str, Slot] = {}
+
+    def allocate(self, nbytes: int) -> Slot | None:
+        """A free slot with room for nbytes, or None when the pool is at its byte limit."""
+        size = _size_class(nbytes)
+        free = self._free.get(size)
+        if free:
+            return free.pop()
+        if self.mapped_bytes + size > self.limit_bytes:
+            return None
+        self._counter += 1
+        name = f"{self.prefix}-{self._counter}"
+        fd = os.open(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            buffer = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        slot = Slot(name, size, buffer)
+        self._slots[name] = slot
+        self.mapped_bytes += size
+        return slot
+
+    def release(self, name: str) -> None:
+        """Return a slot to the pool (unknown names are ignored: the pool may have been closed)."""
+        slot = self._slots.get(name)
+        if slot is not None:
+            self._free.setdefault(slot.capacity, []).append(slot)
+
+    def close(self) -> None:
+        """Unmap and unlink every segment of the pool."""
+        for slot in self._slots.values():
+            try:
+                slot.buffer.close()
+            except BufferError:
+                pass  # a numpy view still references it; the unlink below still frees the name
+            _unlink(slot.name)
+        self._slots.clear()
+        self._free.clear()
+        self.mapped_bytes = 0
+
+
+class ShmReader:
+    """Reader side: map segments by name once, hand out memoryviews of their first n bytes."""
+
+    def __init__(self) -> None:
+        self._maps: dict[str, mmap.mmap] = {}
+
+    def view(self, name: str, nbytes: int) -> memoryview:
+        """A writable view of the first nbytes of segment ``name``."""
+        buffer = self._maps.get(name)
+        if buffer is None:
+            fd = os.open(_path(name), os.O_RDWR)
+            try:
+                buffer = mmap.mmap(fd, 0)
+            finally:
+                os.close(fd)
+            self._maps[name] = buffer
+        return memoryview(buffer)[:nbytes]
+
+    def forget(self, prefix: str) -> None:
+        """Drop mappings of segments whose name starts with prefix (their owner went away)."""
+        for name in [n for n in self._maps if n.startswith(prefix)]:
+            buffer = self._maps.pop(name)
+            try:
+                buffer.close()
+            except BufferError:
+                pass
+
+    def close(self) -> None:
+        """Unmap everything (views still alive keep their mapping until released)."""
+        self.forget("")
+
+
+def _unlink(name: str) -> None:
+    try:
+        os.unlink(_path(name))
+    except FileNotFoundError:
+        pass
+
+
+def remove_segments(prefix: str) -> int:
+    """Unlink every segment whose name starts with prefix; returns how many were removed."""
+    removed = 0
+    for path in glob.glob(os.path.join(SHM_DIR, glob.escape(prefix) + "*")):
+        try:
+            os.unlink(path)
+            removed += 1
+        except FileNotFoundError:
+            pass
+    return removed

@@ -1,0 +1,1 @@
+"""Workers: run instances of models, fed batches by the core over ZeroMQ."""

@@ -1,0 +1,329 @@
+"""One model instance: a DEALER socket to the core, and a loop that runs the user's function on each batch.
+
+The same loop serves thread instances (in the user's process) and process instances (spawned): it only needs
+the core's address, the model spec and the callable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import zmq
+
+from pyserve.config import ModelSpec
+from pyserve.dtypes import numpy_dtype
+from pyserve.errors import InferenceError, ModelExecutionError, OutputMismatchError, error_kind
+from pyserve.request import ModelContext, Request, RequestBatch, reset_current_model, set_current_model
+from pyserve.transport.messages import FrameWriter, array_from_buffer, pack_header, read_buffer, unpack_header
+from pyserve.transport.shm import ShmPool, ShmReader
+
+logger = logging.getLogger(__name__)
+
+_POLL_MS = 100
+
+
+class InstanceRunner:
+    """Runs one instance of one model until ``stop`` is set or the core says stop."""
+
+    def __init__(
+        self,
+        address: str,
+        spec: ModelSpec,
+        infer_func: Callable[..., Any],
+        instance: int,
+        shm_prefix: str,
+        shm_threshold: int,
+        shm_limit: int,
+        device: str = "cpu",
+        kind: str = "thread",
+    ) -> None:
+        self.address = address
+        self.spec = spec
+        self.infer_func = infer_func
+        self.instance = instance
+        self.kind = kind
+        self.context = ModelContext(
+            name=spec.name,
+            version=spec.version,
+            inputs=spec.inputs,
+            outputs=spec.outputs,
+            config=spec.config,
+            instance=instance,
+            device=device,
+        )
+        self._shm_prefix = f"{shm_prefix}-{uuid.uuid4().hex[:8]}"
+        self._shm_threshold = shm_threshold
+        self._shm_limit = shm_limit
+        self._outputs = {t.name: t for t in spec.outputs}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def run(self, stop: threading.Event, on_ready: Callable[[str | None], None]) -> None:
+        """Connect, register with the core, then serve batches. ``on_ready(error)`` is called once."""
+        zctx = zmq.Context.instance()
+        socket = zctx.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SNDHWM, 0)
+        socket.setsockopt(zmq.RCVHWM, 0)
+        pool = ShmPool(self._shm_prefix, self._shm_limit)
+        reader = ShmReader()
+        ready_sent = False
+        try:
+            socket.connect(self.address)
+            socket.send(
+                pack_header(
+                    {
+                        "t": "hello",
+                        "model": self.spec.name,
+                        "version": self.spec.version,
+                        "instance": self.instance,
+                        "kind": self.kind,
+                        "pid": os.getpid(),
+                        "shm_prefix": self._shm_prefix,
+                    }
+                )
+            )
+            poller = zmq.Poller()
+            poller.register(socket, zmq.POLLIN)
+            while not stop.is_set():
+                if not poller.poll(_POLL_MS):
+                    continue
+                frames = socket.recv_multipart(copy=False)
+                header = unpack_header(frames[0].buffer)
+                kind = header["t"]
+                if kind == "infer":
+                    self._execute(socket, header, frames[1:], pool, reader)
+                elif kind == "free":
+                    for name in header["slots"]:
+                        pool.release(name)
+                elif kind == "welcome":
+                    ready_sent = True
+                    on_ready(None)
+                elif kind == "refused":
+                    ready_sent = True
+                    on_ready(header["message"])
+                    return
+                elif kind == "stop":
+                    return
+        except zmq.ZMQError as exc:
+            if not stop.is_set():
+                logger.error("instance %d of model '%s' lost its connection: %s", self.instance, self.spec.name, exc)
+        finally:
+            if not ready_sent:
+                on_ready("the instance stopped before the core accepted it")
+            if self._loop is not None:
+                self._loop.close()
+            socket.close(linger=0)
+            reader.close()
+            pool.close()
+
+    # one batch --------------------------------------------------------------------------------------------------
+
+    def _execute(
+        self, socket: zmq.Socket[Any], header: dict[str, Any], frames: list[Any], pool: ShmPool, reader: ShmReader
+    ) -> None:
+        batch_id = header["b"]
+        started = time.perf_counter_ns()
+        try:
+            batch = self._decode(header, frames, reader)
+        except Exception as exc:  # a malformed batch is the core's bug; report it, keep serving
+            self._send_error(socket, batch_id, InferenceError(f"could not decode batch: {exc}"))
+            return
+        decoded = time.perf_counter_ns()
+        token = set_current_model(self.context)
+        try:
+            result = self.infer_func(batch)
+            if inspect.isgenerator(result):
+                self._stream(socket, batch_id, batch, result, pool, started, decoded)
+                return
+            if inspect.isasyncgen(result):
+                self._stream(socket, batch_id, batch, self._iterate_async(result), pool, started, decoded)
+                return
+            if inspect.isawaitable(result):
+                result = self._event_loop().run_until_complete(_await(result))
+            computed = time.perf_counter_ns()
+            writer = FrameWriter(pool, self._shm_threshold)
+            outputs = self._encode(batch, result, writer)
+        except Exception as exc:
+            self._send_error(socket, batch_id, _as_inference_error(exc, self.spec.name))
+            return
+        finally:
+            reset_current_model(token)
+        encoded = time.perf_counter_ns()
+        reply = {
+            "t": "res",
+            "b": batch_id,
+            "o": outputs,
+            "s": writer.slots,
+            "final": True,
+            "tm": [decoded - started, computed - decoded, encoded - computed],
+        }
+        socket.send_multipart([pack_header(reply), *writer.frames], copy=False)
+
+    def _stream(
+        self,
+        socket: zmq.Socket[Any],
+        batch_id: int,
+        batch: RequestBatch,
+        responses: Any,
+        pool: ShmPool,
+        started: int,
+        decoded: int,
+    ) -> None:
+        # Decoupled model: every yielded list is one round of responses; a final empty message closes the batch.
+        sent = 0
+        try:
+            for result in responses:
+                writer = FrameWriter(pool, self._shm_threshold)
+                outputs = self._encode(batch, result, writer, allow_none=True)
+                reply = {"t": "res", "b": batch_id, "o": outputs, "s": writer.slots, "final": False}
+                socket.send_multipart([pack_header(reply), *writer.frames], copy=False)
+                sent += 1
+        except Exception as exc:
+            self._send_error(socket, batch_id, _as_inference_error(exc, self.spec.name))
+            return
+        done = time.perf_counter_ns()
+        reply = {"t": "res", "b": batch_id, "o": None, "s": [], "final": True, "tm": [decoded - started, done - decoded, 0]}
+        socket.send(pack_header(reply))
+
+    def _iterate_async(self, agen: Any) -> Any:
+        loop = self._event_loop()
+        while True:
+            try:
+                yield loop.run_until_complete(agen.__anext__())
+            except StopAsyncIteration:
+                return
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop
+
+    def _send_error(self, socket: zmq.Socket[Any], batch_id: int, error: InferenceError) -> None:
+        reply = {"t": "res", "b": batch_id, "err": [error_kind(error), str(error)], "final": True}
+        socket.send(pack_header(reply))
+
+    def _decode(self, header: dict[str, Any], frames: list[Any], reader: ShmReader) -> RequestBatch:
+        requests = header["r"]
+        data: list[dict[str, np.ndarray]] = [{} for _ in requests]
+        merged: dict[str, np.ndarray] = {}
+        for name, datatype, shape, loc, target in header["x"]:
+            array = array_from_buffer(read_buffer(loc, frames, reader), datatype, shape, name)
+            if target == -1:
+                # One block holding every request's rows in order: requests get views of it.
+                merged[name] = array
+                start = 0
+                for index, (_, _, _, rows) in enumerate(requests):
+                    data[index][name] = array[start : start + rows]
+                    start += rows
+            else:
+                data[target][name] = array
+        batch = RequestBatch(
+            Request(data[i], params, tuple(outputs), req_id) for i, (req_id, params, outputs, _) in enumerate(requests)
+        )
+        if merged and len(merged) == len(data[0]):
+            batch.merged = merged
+        return batch
+
+    def _encode(
+        self, batch: RequestBatch, result: Any, writer: FrameWriter, allow_none: bool = False
+    ) -> list[Any]:
+        if isinstance(result, dict) and len(batch) == 1:
+            result = [result]
+        if not isinstance(result, (list, tuple)) or len(result) != len(batch):
+            got = f"{type(result).__name__} of length {len(result)}" if isinstance(result, (list, tuple)) else type(result).__name__
+            raise OutputMismatchError(
+                f"model '{self.spec.name}' must return a list with one output dict per request "
+                f"({len(batch)} requests), got {got}"
+            )
+        encoded: list[Any] = []
+        strict = self.spec.strict
+        batching = self.spec.config.max_batch_size > 0
+        for request, outputs in zip(batch, result):
+            if outputs is None and allow_none:
+                encoded.append(None)
+                continue
+            if not isinstance(outputs, dict):
+                raise OutputMismatchError(
+                    f"model '{self.spec.name}' returned {type(outputs).__name__} for a request; expected a dict "
+                    "of output name -> array"
+                )
+            wanted = request.requested_output_names or tuple(outputs)
+            descriptors = []
+            for name in wanted:
+                if name not in outputs:
+                    if request.requested_output_names or strict:
+                        raise OutputMismatchError(
+                            f"model '{self.spec.name}' did not return output '{name}' (returned: {sorted(outputs)})"
+                        )
+                    continue
+                declared = self._outputs.get(name)
+                if declared is None:
+                    if strict:
+                        raise OutputMismatchError(
+                            f"model '{self.spec.name}' returned undeclared output '{name}' "
+                            f"(declared: {sorted(self._outputs)})"
+                        )
+                    continue
+                array = _check_output(self.spec.name, declared.name, declared.datatype, declared.shape,
+                                      outputs[name], strict, batching)
+                descriptors.append([name, declared.datatype, list(array.shape), writer.add_array(array)])
+            if strict:
+                for declared_name in self._outputs:
+                    if declared_name not in outputs and (
+                        not request.requested_output_names or declared_name in request.requested_output_names
+                    ):
+                        raise OutputMismatchError(
+                            f"model '{self.spec.name}' did not return output '{declared_name}'"
+                        )
+            encoded.append(descriptors)
+        return encoded
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _check_output(
+    model: str, name: str, datatype: str, dims: tuple[int, ...], value: Any, strict: bool, batching: bool
+) -> np.ndarray:
+    array = value if isinstance(value, np.ndarray) else np.asarray(value)
+    expected = numpy_dtype(datatype)
+    if datatype == "BYTES":
+        if array.dtype.kind not in ("O", "S", "U"):
+            raise OutputMismatchError(
+                f"model '{model}' output '{name}': expected BYTES (bytes/str/object array), got {array.dtype}"
+            )
+    elif array.dtype != expected:
+        if strict:
+            raise OutputMismatchError(f"model '{model}' output '{name}': expected dtype {expected}, got {array.dtype}")
+        try:
+            array = array.astype(expected)
+        except (TypeError, ValueError) as exc:
+            raise OutputMismatchError(
+                f"model '{model}' output '{name}': cannot convert {array.dtype} to {expected}: {exc}"
+            ) from exc
+    if strict:
+        shape = array.shape[1:] if batching else array.shape
+        if len(shape) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, shape)):
+            want = ([-1] if batching else []) + list(dims)
+            raise OutputMismatchError(
+                f"model '{model}' output '{name}': expected shape {want}, got {list(array.shape)}"
+            )
+    return array
+
+
+def _as_inference_error(exc: Exception, model: str) -> InferenceError:
+    if isinstance(exc, InferenceError):
+        return exc
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return ModelExecutionError(f"model '{model}' raised {type(exc).__name__}: {exc}\n{text}")
