@@ -11,7 +11,7 @@ import enum
 import os
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,27 +26,33 @@ class Tensor:
     """A declared input or output: name, dtype (numpy dtype, ``bytes``/``object`` for BYTES, ``bool``), shape.
 
     ``shape`` excludes the batch dimension when the model batches (``max_batch_size > 0``); -1 marks a
-    variable dimension. ``optional`` inputs may be left out of a request.
+    variable dimension. ``optional`` inputs may be left out of a request. Tensors compare by datatype, so
+    ``np.float32`` and ``"FP32"`` declare the same tensor.
     """
 
     name: str
-    dtype: Any
+    dtype: Any = dataclasses.field(compare=False)
     shape: tuple[int, ...] = (-1,)
     optional: bool = False
+    _datatype: str = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ConfigError(f"tensor name must be a non-empty string, got {self.name!r}")
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        try:
+            shape = tuple(int(d) for d in self.shape)
+        except (TypeError, ValueError):
+            raise ConfigError(f"tensor '{self.name}': shape must be a sequence of ints, got {self.shape!r}") from None
+        object.__setattr__(self, "shape", shape)
         for dim in self.shape:
             if dim < -1 or dim == 0:
                 raise ConfigError(f"tensor '{self.name}': dimension {dim} in shape {self.shape} must be > 0 or -1")
-        datatype_of(self.dtype)
+        object.__setattr__(self, "_datatype", datatype_of(self.dtype))
 
     @property
     def datatype(self) -> str:
         """The KServe datatype name, e.g. 'FP32' or 'BYTES'."""
-        return datatype_of(self.dtype)
+        return self._datatype
 
     @property
     def numpy_dtype(self) -> np.dtype[Any]:
@@ -61,6 +67,17 @@ class TimeoutAction(str, enum.Enum):
     DELAY = "DELAY"
 
 
+_E = TypeVar("_E", bound=enum.Enum)
+
+
+def _enum_value(kind: type[_E], value: Any, field: str) -> _E:
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(repr(member.value) for member in kind)
+        raise ConfigError(f"{field} must be one of {choices}, got {value!r}") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class QueuePolicy:
     """Triton's ModelQueuePolicy: timeout behaviour and queue bound of one priority level."""
@@ -71,7 +88,7 @@ class QueuePolicy:
     max_queue_size: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "timeout_action", TimeoutAction(self.timeout_action))
+        object.__setattr__(self, "timeout_action", _enum_value(TimeoutAction, self.timeout_action, "timeout_action"))
         if self.default_timeout_microseconds < 0 or self.max_queue_size < 0:
             raise ConfigError("QueuePolicy timeouts and max_queue_size must be >= 0")
 
@@ -132,7 +149,7 @@ class ModelConfig:
     parameters: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "worker", WorkerKind(self.worker))
+        object.__setattr__(self, "worker", _enum_value(WorkerKind, self.worker, "worker"))
         object.__setattr__(self, "devices", tuple(self.devices))
         if self.max_batch_size < 0:
             raise ConfigError(f"max_batch_size must be >= 0, got {self.max_batch_size}")
@@ -166,23 +183,23 @@ class ModelSpec:
                 f"invalid model name {self.name!r}: use 1-128 letters, digits, '_', '-' or '.', "
                 "not starting with '-' or '.'"
             )
-        if not isinstance(self.version, int) or self.version < 1:
+        if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 1:
             raise ConfigError(f"model '{self.name}': version must be an integer >= 1, got {self.version!r}")
         for kind, tensors in (("input", self.inputs), ("output", self.outputs)):
             if not tensors:
                 raise ConfigError(f"model '{self.name}': at least one {kind} is required")
+            for tensor in tensors:
+                if not isinstance(tensor, Tensor):
+                    raise ConfigError(f"model '{self.name}': {kind}s must be Tensor objects, got {tensor!r}")
             names = [t.name for t in tensors]
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
                 raise ConfigError(f"model '{self.name}': duplicate {kind} names {dupes}")
-            for tensor in tensors:
-                if not isinstance(tensor, Tensor):
-                    raise ConfigError(f"model '{self.name}': {kind}s must be Tensor objects, got {tensor!r}")
 
     def to_wire(self) -> dict[str, Any]:
         """A msgpack-able description for the core process."""
         cfg = self.config
-        batcher = cfg.batcher if cfg.dynamic_batching else None
+        batcher = cfg.batcher
         return {
             "name": self.name,
             "version": self.version,
@@ -195,6 +212,7 @@ class ModelSpec:
             "instances": cfg.instances,
             "devices": list(cfg.devices),
             "worker": cfg.worker.value,
+            "response_cache": cfg.response_cache,
             "parameters": dict(cfg.parameters),
         }
 
@@ -209,6 +227,7 @@ class ModelSpec:
             instances=data["instances"],
             devices=tuple(data["devices"]),
             worker=data["worker"],
+            response_cache=data["response_cache"],
             parameters=dict(data["parameters"]),
         )
         return cls(
@@ -292,7 +311,7 @@ class ServeConfig:
         for field in dataclasses.fields(cls):
             raw = os.environ.get(f"PYSERVE_{field.name.upper()}")
             if raw is not None:
-                kind = type(field.default)
+                kind: type[Any] = type(field.default)
                 try:
                     values[field.name] = kind(raw)
                 except ValueError as exc:

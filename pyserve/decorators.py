@@ -22,7 +22,7 @@ Every decorator accepts sync, ``async def``, generator and async generator funct
 same kind, so the worker still recognises a decoupled (streaming) model. Each item a generator yields is adapted
 like a return value. Where a decorator calls the function several times (``sample``, the ``group_by_*`` ones) the
 calls run one after another; for generators their streams advance in lockstep, and a request whose stream has
-ended contributes ``{}`` to the later response lists.
+ended contributes ``None`` (no response this round, as the worker reads it) to the later response lists.
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ def _grouped_plan(
         responses: list[Any] = [None] * count
         for group, result in zip(groups, results, strict=True):
             if result is _ENDED:
-                result = [{} for _ in group]
+                result = [None] * len(group)
             if not isinstance(result, (list, tuple)) or len(result) != len(group):
                 got = f"{len(result)} responses" if isinstance(result, (list, tuple)) else type(result).__name__
                 raise OutputMismatchError(
@@ -362,8 +362,8 @@ def sample(fn: InferFunc) -> InferFunc:
     return _adapt(fn, plan)
 
 
-def _sample_responses(results: list[Any]) -> list[dict[str, NDArray[Any]]]:
-    return [{} if result is _ENDED else _output_arrays(result, "@sample") for result in results]
+def _sample_responses(results: list[Any]) -> list[dict[str, NDArray[Any]] | None]:
+    return [None if result is _ENDED else _output_arrays(result, "@sample") for result in results]
 
 
 # --- grouping -------------------------------------------------------------------------------------------------
@@ -544,6 +544,8 @@ def first_value(
 
 
 def _first_row(key: str, array: NDArray[Any], squeeze: bool, strict: bool) -> Any:
+    if array.ndim and not len(array):
+        return array  # no rows, no first value: the function sees the empty batch
     first = array[0] if array.ndim else array
     if strict and array.ndim and len(array) > 1:
         same = array == first

@@ -50,6 +50,9 @@ def datatype_of(dtype: Any) -> str:
                 return name
         if dtype.lower() == "bfloat16":
             return "BF16"
+    if dtype is None:
+        # np.dtype(None) is float64: a missing dtype must not silently become FP64.
+        raise ConfigError("dtype must be given, got None")
     if dtype in (bytes, str, object):
         return "BYTES"
     try:

@@ -134,13 +134,16 @@ class Serve:
     def serve(self) -> None:
         """Run and block until Ctrl+C, SIGTERM or the core process exits; then stop."""
         self.run()
-        previous = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+        handled = (signal.SIGINT, signal.SIGTERM)
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = {signum: signal.getsignal(signum) for signum in handled} if in_main else {}
 
-        def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        def on_signal(signum: int, frame: FrameType | None) -> None:
             raise KeyboardInterrupt
 
-        if previous is not None:
-            signal.signal(signal.SIGTERM, on_sigterm)
+        # Installed explicitly: a process started in the background inherits SIGINT ignored.
+        for signum in previous:
+            signal.signal(signum, on_signal)
         try:
             assert self._process is not None
             while self._process.poll() is None:
@@ -150,8 +153,8 @@ class Serve:
         except KeyboardInterrupt:
             pass
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
             self.stop()
 
     def stop(self) -> None:

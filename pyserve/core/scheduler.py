@@ -3,8 +3,9 @@
 Batches count rows (a request of batch 8 is 8 rows), up to ``max_batch_size``. Only requests with the same
 signature (input names, datatypes and non-batch dimensions) share a batch, so the worker can lay their rows out
 contiguously. A batch goes at once when it is full or at a preferred size, when the delay is 0, or when more
-requests are queued than fit; otherwise it waits until the oldest request has waited
-``max_queue_delay_microseconds``. Time and timers are injected so the logic is unit-tested with a fake clock.
+requests are queued than fit (requests of another signature never fit); otherwise it waits until the oldest
+request has waited ``max_queue_delay_microseconds``. Time and timers are injected so the logic is unit-tested
+with a fake clock.
 """
 
 from __future__ import annotations
@@ -110,16 +111,22 @@ class ModelScheduler:
         signature = head.signature
         rows = 0
         picked: list[InferenceRequest] = []
-        more_waiting = False
+        more_waiting = False  # a request of this signature does not fit
+        others_waiting = False  # a request of another signature can never join this batch
         for request in queue:
-            if request.cancelled or request.signature != signature:
+            if request.cancelled:
+                continue
+            if request.signature != signature:
+                others_waiting = True
                 continue
             if rows + request.rows > self._max_rows:
                 more_waiting = True
                 break
             picked.append(request)
             rows += request.rows
-        if rows < self._max_rows and not more_waiting and self._delay_ns:
+        # Waiting would hold up requests that cannot join this batch (as Triton sends a pending batch at once
+        # when the next request's shape does not match it).
+        if rows < self._max_rows and not more_waiting and not others_waiting and self._delay_ns:
             deadline = head.arrival_ns + self._delay_ns
             now = self._clock()
             if rows not in self._preferred and now < deadline:

@@ -8,6 +8,7 @@ Every segment name starts with the session prefix, so ``remove_segments(prefix)`
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import mmap
 import os
@@ -71,15 +72,16 @@ class ShmPool:
         """Return a slot to the pool (unknown names are ignored: the pool may have been closed)."""
         slot = self._slots.get(name)
         if slot is not None:
-            self._free.setdefault(slot.capacity, []).append(slot)
+            free = self._free.setdefault(slot.capacity, [])
+            if slot not in free:  # a repeated release must not hand the same slot out twice
+                free.append(slot)
 
     def close(self) -> None:
         """Unmap and unlink every segment of the pool."""
         for slot in self._slots.values():
-            try:
+            # A numpy view may still reference the mapping; the unlink below still frees the name.
+            with contextlib.suppress(BufferError):
                 slot.buffer.close()
-            except BufferError:
-                pass  # a numpy view still references it; the unlink below still frees the name
             _unlink(slot.name)
         self._slots.clear()
         self._free.clear()
@@ -108,10 +110,8 @@ class ShmReader:
         """Drop mappings of segments whose name starts with prefix (their owner went away)."""
         for name in [n for n in self._maps if n.startswith(prefix)]:
             buffer = self._maps.pop(name)
-            try:
+            with contextlib.suppress(BufferError):
                 buffer.close()
-            except BufferError:
-                pass
 
     def close(self) -> None:
         """Unmap everything (views still alive keep their mapping until released)."""
@@ -119,14 +119,14 @@ class ShmReader:
 
 
 def _unlink(name: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(_path(name))
-    except FileNotFoundError:
-        pass
 
 
 def remove_segments(prefix: str) -> int:
     """Unlink every segment whose name starts with prefix; returns how many were removed."""
+    if not prefix:
+        raise ValueError("remove_segments needs a non-empty prefix (an empty one matches every segment)")
     removed = 0
     for path in glob.glob(os.path.join(SHM_DIR, glob.escape(prefix) + "*")):
         try:
