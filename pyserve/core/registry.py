@@ -111,12 +111,12 @@ class ModelEntry:
                 )
         return rows if self.batching else 1
 
-    def metadata(self) -> dict[str, Any]:
-        """The model metadata document (``GET /v2/models/{m}``)."""
+    def metadata(self, versions: list[int] | None = None) -> dict[str, Any]:
+        """The model metadata document (``GET /v2/models/{m}``); ``versions`` lists every version of the model."""
         batch = [-1] if self.batching else []
         return {
             "name": self.name,
-            "versions": [str(self.version)],
+            "versions": [str(v) for v in (versions or [self.version])],
             "platform": "python",
             "inputs": [
                 {"name": t.name, "datatype": t.datatype, "shape": batch + list(t.shape)} for t in self.spec.inputs

@@ -121,9 +121,13 @@ class HttpProtocol(asyncio.Protocol):
         query = self.url.find(b"?")
         request.path = self.url if query < 0 else self.url[:query]
         length = request.headers.get(b"content-length")
+        expects_continue = request.headers.get(b"expect", b"").lower() == b"100-continue"
         if length is not None and length.isdigit() and int(length) > self.app.max_body:
             request.too_large = True
-        elif request.headers.get(b"expect", b"").lower() == b"100-continue" and self.transport is not None:
+            if expects_continue:
+                # The client holds the body back until it hears 100: refuse now instead of waiting for it.
+                self._send_error_and_close(413, f"request body exceeds the limit of {self.app.max_body} bytes")
+        elif expects_continue and self.transport is not None:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
@@ -132,10 +136,11 @@ class HttpProtocol(asyncio.Protocol):
             return
         if not request.body:
             request.body = body
-            return
-        if isinstance(request.body, bytes):
-            request.body = bytearray(request.body)
-        request.body += body
+        else:
+            if isinstance(request.body, bytes):
+                request.body = bytearray(request.body)
+            request.body += body
+        # Chunked bodies carry no Content-Length: the limit is enforced here, on the first chunk too.
         if len(request.body) > self.app.max_body:
             request.too_large = True
             request.body = b""
@@ -288,7 +293,7 @@ class HttpApp:
             return
         entry = registry.get(name, version)
         if action == "":
-            self._json(conn, request, method, entry.metadata())
+            self._json(conn, request, method, entry.metadata([e.version for e in registry.versions(name)]))
         elif action == "config":
             self._json(conn, request, method, entry.config_json())
         elif action == "ready":

@@ -203,6 +203,10 @@ def _from_json(name: str, datatype: str, shape: list[int], count: int, data: Any
         raise InvalidInputError(f"input '{name}': shape {shape} has {count} elements but data has {array.size}")
     target = numpy_dtype(datatype)
     kind = array.dtype.kind
+    if count and target.kind in ("i", "u") and kind in ("f", "O"):
+        # numpy reads integers past the int64 range (large UINT64 values) as float64: keep them exact.
+        exact = _exact_integers(name, datatype, _flatten(data), target, array.dtype)
+        return InputTensor(datatype, shape, exact.reshape(shape))
     if count:
         if datatype == "BOOL":
             ok = kind == "b"
@@ -217,6 +221,17 @@ def _from_json(name: str, datatype: str, shape: list[int], count: int, data: Any
             if array.min() < info.min or array.max() > info.max:
                 raise InvalidInputError(f"input '{name}': a value is out of range for {datatype}")
     return InputTensor(datatype, shape, array.astype(target, copy=False).reshape(shape))
+
+
+def _exact_integers(
+    name: str, datatype: str, flat: list[Any], target: np.dtype[Any], seen: np.dtype[Any]
+) -> np.ndarray[Any, Any]:
+    if not all(type(item) is int for item in flat):
+        raise InvalidInputError(f"input '{name}': data of type {seen} is not valid {datatype}")
+    info = np.iinfo(target)
+    if min(flat) < info.min or max(flat) > info.max:
+        raise InvalidInputError(f"input '{name}': a value is out of range for {datatype}")
+    return np.array(flat, dtype=target)
 
 
 def _flatten(data: list[Any]) -> list[Any]:

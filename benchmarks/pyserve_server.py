@@ -1,0 +1,64 @@
+"""Serve the benchmark's identity model with pyserve: ``python benchmarks/pyserve_server.py --http-port PORT``.
+
+The model is ``identity_fp32``: input ``INPUT0`` (FP32, shape ``(-1,)``) returned as ``OUTPUT0``, with
+``max_batch_size=64`` and the default dynamic batcher (no queue delay). Blocks until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pyserve import ModelConfig, Serve, ServeConfig, Tensor, batch
+
+MODEL_NAME = "identity_fp32"
+
+
+@batch
+def identity(INPUT0: NDArray[np.float32]) -> dict[str, NDArray[np.float32]]:
+    """Return the input batch unchanged."""
+    return {"OUTPUT0": INPUT0}
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """SIGTERM this process once ``parent_pid`` (the benchmark driver) is gone, so no server outlives it."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def main() -> None:
+    """Parse the ports and serve until interrupted."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--http-port", type=int, required=True)
+    parser.add_argument("--grpc-port", type=int, default=0)
+    parser.add_argument("--metrics-port", type=int, default=0)
+    parser.add_argument("--parent-pid", type=int, default=0, help="stop when this process is gone")
+    args = parser.parse_args()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
+    if args.parent_pid:
+        _watch_parent(args.parent_pid)
+    config = ServeConfig(http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
+    with Serve(config) as server:
+        server.bind(
+            MODEL_NAME,
+            infer_func=identity,
+            inputs=[Tensor(name="INPUT0", dtype=np.float32, shape=(-1,))],
+            outputs=[Tensor(name="OUTPUT0", dtype=np.float32, shape=(-1,))],
+            config=ModelConfig(max_batch_size=64),
+        )
+        server.serve()
+
+
+if __name__ == "__main__":
+    main()

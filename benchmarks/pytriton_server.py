@@ -1,0 +1,75 @@
+"""Serve the benchmark's identity model with PyTriton 0.7 (run with ``benchmarks/.pytriton-venv/bin/python``).
+
+Same model as ``pyserve_server.py``: ``identity_fp32``, ``INPUT0`` FP32 ``(-1,)`` returned as ``OUTPUT0``,
+``max_batch_size=64``, dynamic batching with no queue delay, ``@batch``. The statistics endpoint is left
+unrestricted (PyTriton 0.7 protects it by default) so perf_analyzer can read it. Blocks until SIGINT/SIGTERM.
+
+Under a pyenv Python, start this with the interpreter's ``LIBDIR`` first in ``LD_LIBRARY_PATH`` (bench_http.py
+does): Triton's Python stub otherwise loads another libpython and model loading fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+import time
+from types import FrameType
+
+import numpy as np
+from numpy.typing import NDArray
+from pytriton.decorators import batch
+from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
+
+MODEL_NAME = "identity_fp32"
+
+
+@batch
+def identity(INPUT0: NDArray[np.float32]) -> dict[str, NDArray[np.float32]]:
+    """Return the input batch unchanged."""
+    return {"OUTPUT0": INPUT0}
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """SIGTERM this process once ``parent_pid`` (the benchmark driver) is gone, so no server outlives it."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def main() -> None:
+    """Parse the ports and serve until interrupted."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--http-port", type=int, required=True)
+    parser.add_argument("--grpc-port", type=int, required=True)
+    parser.add_argument("--metrics-port", type=int, required=True)
+    parser.add_argument("--parent-pid", type=int, default=0, help="stop when this process is gone")
+    args = parser.parse_args()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
+    if args.parent_pid:
+        _watch_parent(args.parent_pid)
+    signal.signal(signal.SIGTERM, _interrupt)  # Triton.serve() stops cleanly on KeyboardInterrupt only
+    config = TritonConfig(http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
+    with Triton(config=config, security_config=TritonSecurityConfig(restricted_endpoints=[])) as triton:
+        triton.bind(
+            model_name=MODEL_NAME,
+            infer_func=identity,
+            inputs=[Tensor(name="INPUT0", dtype=np.float32, shape=(-1,))],
+            outputs=[Tensor(name="OUTPUT0", dtype=np.float32, shape=(-1,))],
+            config=ModelConfig(max_batch_size=64, batching=True, batcher=DynamicBatcher()),
+        )
+        triton.serve()
+
+
+if __name__ == "__main__":
+    main()

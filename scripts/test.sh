@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The one test command (README; .ci/run calls exactly this): make a venv, install pyserve with its test extras and
+# perf_analyzer, lint, then run the test suite. Extra arguments go to pytest (default: everything but slow/gpu).
+#   bash scripts/test.sh              # default suite
+#   bash scripts/test.sh -m slow      # soak/stress tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e ".[dev]"
+if PERF_ANALYZER=$(PYTHON=.venv/bin/python bash scripts/install-perf-analyzer.sh .tools/pa 2>/dev/null); then
+  export PERF_ANALYZER
+else
+  echo "perf_analyzer could not be installed: its tests will be skipped" >&2
+fi
+.venv/bin/ruff check pyserve tests benchmarks examples
+if [ $# -eq 0 ]; then
+  set -- -m "not slow and not gpu"
+fi
+exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
