@@ -292,7 +292,6 @@ class ServeConfig:
     shm_pool_bytes: int = 1 << 30
     transport: str = "ipc"
     startup_timeout_s: float = 30.0
-    http_workers: int = 1
 
     def __post_init__(self) -> None:
         if self.transport not in ("ipc", "tcp"):

@@ -19,7 +19,7 @@ def _identity(**inputs: np.ndarray) -> dict[str, np.ndarray]:
 
 
 @batch
-def _add_sub(INPUT0: np.ndarray, INPUT1: np.ndarray) -> dict[str, np.ndarray]:  # noqa: N803 (Triton's names)
+def _add_sub(INPUT0: np.ndarray, INPUT1: np.ndarray) -> dict[str, np.ndarray]:
     return {"OUTPUT0": INPUT0 + INPUT1, "OUTPUT1": INPUT0 - INPUT1}
 
 

@@ -1,22 +1,22 @@
 """The one exception tree of pyserve, and how each error maps onto HTTP and gRPC.
 
-    PyServeError
-    ├── ConfigError              invalid Tensor / ModelConfig / ServeConfig, bad bind
-    │   └── ModelAlreadyBoundError
-    ├── ServerError              the core process failed to start or went away
-    ├── InferenceError           anything that answers a request with an error
-    │   ├── InvalidInputError        400 / INVALID_ARGUMENT: malformed or mismatching request
-    │   ├── ModelNotFoundError       404 / NOT_FOUND: unknown model or version
-    │   ├── ModelNotReadyError       503 / UNAVAILABLE: model known but without live instances
-    │   ├── PayloadTooLargeError     413 / RESOURCE_EXHAUSTED: body over the configured limit
-    │   ├── QueueFullError           503 / UNAVAILABLE: the model's queue is full
-    │   ├── RequestTimeoutError      503 / DEADLINE_EXCEEDED: the request waited past its timeout
-    │   ├── CancelledError           499 / CANCELLED: the client went away
-    │   ├── UnsupportedError         501 / UNIMPLEMENTED: valid request this server cannot serve
-    │   ├── ModelExecutionError      500 / INTERNAL: the user's function raised (message + traceback)
-    │   │   └── OutputMismatchError  500 / INTERNAL: strict model returned a wrong output
-    │   └── WorkerDiedError          500 / INTERNAL: the instance running the request died
-    └── ClientError              raised by pyserve's own clients
+PyServeError
+├── ConfigError              invalid Tensor / ModelConfig / ServeConfig, bad bind
+│   └── ModelAlreadyBoundError
+├── ServerError              the core process failed to start or went away
+├── InferenceError           anything that answers a request with an error
+│   ├── InvalidInputError        400 / INVALID_ARGUMENT: malformed or mismatching request
+│   ├── ModelNotFoundError       404 / NOT_FOUND: unknown model or version
+│   ├── ModelNotReadyError       503 / UNAVAILABLE: model known but without live instances
+│   ├── PayloadTooLargeError     413 / RESOURCE_EXHAUSTED: body over the configured limit
+│   ├── QueueFullError           503 / UNAVAILABLE: the model's queue is full
+│   ├── RequestTimeoutError      503 / DEADLINE_EXCEEDED: the request waited past its timeout
+│   ├── CancelledError           499 / CANCELLED: the client went away
+│   ├── UnsupportedError         501 / UNIMPLEMENTED: valid request this server cannot serve
+│   ├── ModelExecutionError      500 / INTERNAL: the user's function raised (message + traceback)
+│   │   └── OutputMismatchError  500 / INTERNAL: strict model returned a wrong output
+│   └── WorkerDiedError          500 / INTERNAL: the instance running the request died
+└── ClientError              raised by pyserve's own clients
 """
 
 from __future__ import annotations

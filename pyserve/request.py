@@ -17,7 +17,7 @@ class Request(Mapping[str, np.ndarray]):
     """One inference request: its input arrays (also reachable as ``request["a"]``), parameters and the
     outputs the client asked for (empty means all)."""
 
-    __slots__ = ("data", "parameters", "requested_output_names", "id", "_cancel_flag")
+    __slots__ = ("_cancel_flag", "data", "id", "parameters", "requested_output_names")
 
     def __init__(
         self,

@@ -196,7 +196,11 @@ class Serve:
         return f"http://{self.config.host}:{self.http_port}"
 
     def __enter__(self) -> Serve:
-        return self.run()
+        try:
+            return self.run()
+        except BaseException:
+            self.stop()
+            raise
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -241,7 +245,7 @@ class Serve:
         os.close(read_fd)
         self.http_port = ready["http_port"]
         self._router_address = ready["router"]
-        control = zmq.Context.instance().socket(zmq.DEALER)
+        control: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
         control.setsockopt(zmq.LINGER, 0)
         control.connect(self._router_address)
         self._control = control

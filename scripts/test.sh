@@ -15,6 +15,7 @@ else
   echo "perf_analyzer could not be installed: its tests will be skipped" >&2
 fi
 .venv/bin/ruff check pyserve tests benchmarks examples
+.venv/bin/mypy
 if [ $# -eq 0 ]; then
   set -- -m "not slow and not gpu"
 fi

@@ -22,13 +22,13 @@ def main() -> None:
     args = parser.parse_args()
     config = ServeConfig(**orjson.loads(args.config))
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    main = serve_core(config, args.router, args.shm_prefix, args.parent_pid, args.ready_fd)
     try:
         import uvloop
-
-        runner = uvloop.run
     except ImportError:  # uvloop is optional off Linux/macOS
-        runner = asyncio.run
-    runner(serve_core(config, args.router, args.shm_prefix, args.parent_pid, args.ready_fd))
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
 
 
 if __name__ == "__main__":

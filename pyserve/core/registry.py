@@ -61,16 +61,12 @@ class ModelEntry:
                 )
         missing = self.required_inputs.difference(inputs)
         if missing:
-            raise InvalidInputError(
-                f"missing required input(s) {sorted(missing)} for model '{self.name}'"
-            )
+            raise InvalidInputError(f"missing required input(s) {sorted(missing)} for model '{self.name}'")
         rows = -1
         for name, tensor in inputs.items():
             declared = self.inputs[name]
             if tensor.datatype != declared.datatype:
-                raise InvalidInputError(
-                    f"input '{name}': expected datatype {declared.datatype}, got {tensor.datatype}"
-                )
+                raise InvalidInputError(f"input '{name}': expected datatype {declared.datatype}, got {tensor.datatype}")
             dims = declared.shape
             shape = tensor.shape
             if self.batching:
@@ -90,7 +86,7 @@ class ModelEntry:
                 tail = shape
                 if len(shape) != len(dims):
                     raise InvalidInputError(f"input '{name}': expected shape {list(dims)}, got {shape}")
-            for expected, got in zip(dims, tail):
+            for expected, got in zip(dims, tail, strict=True):
                 if expected != -1 and expected != got:
                     prefix = "[-1," if self.batching else "["
                     raise InvalidInputError(

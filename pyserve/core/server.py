@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
+import contextlib
 import logging
 import os
 import signal
@@ -30,6 +30,7 @@ from pyserve.transport.shm import ShmPool, ShmReader, remove_segments
 
 logger = logging.getLogger(__name__)
 
+# The core polls its parent rather than using PR_SET_PDEATHSIG, which fires when the spawning *thread* exits.
 _PARENT_CHECK_S = 0.5
 
 
@@ -73,7 +74,7 @@ class CoreServer:
 
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
-        socket = zmq.Context.instance().socket(zmq.ROUTER)
+        socket: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.ROUTER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, 0)
         socket.setsockopt(zmq.RCVHWM, 0)
@@ -81,7 +82,7 @@ class CoreServer:
         socket.bind(self.router_address)
         self.router_address = socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self._socket = socket
-        self._loop.add_reader(socket.getsockopt(zmq.FD), self._drain)
+        self._loop.add_reader(socket.fileno(), self._drain)
         self._http_server, self.http_port = await start_http_server(self, self.config)
 
     async def wait_stopped(self) -> None:
@@ -113,11 +114,12 @@ class CoreServer:
                 self._fail(request, ModelNotReadyError("the server is shutting down"))
         self._pending.clear()
         if self._socket is not None and self._loop is not None:
-            self._loop.remove_reader(self._socket.getsockopt(zmq.FD))
+            self._loop.remove_reader(self._socket.fileno())
             self._socket.close(linger=0)
         self._reader.close()
         self._pool.close()
         remove_segments(self.shm_prefix)
+        _remove_ipc_endpoint(self.router_address)
 
     # requests from front ends ---------------------------------------------------------------------------------
 
@@ -143,7 +145,7 @@ class CoreServer:
         socket = self._socket
         if socket is None:
             return
-        while socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while int(socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
             identity = frames[0].bytes
             try:
@@ -255,9 +257,6 @@ class CoreServer:
             for name, tensor in head.inputs.items():
                 loc = writer.add(tensor.buffer(), tensor.nbytes)
                 blocks.append([name, tensor.datatype, tensor.shape, loc, 0])
-        queue = entry.stats.queue
-        for request in batch:
-            queue.add(now - request.arrival_ns)
         header = {
             "t": "infer",
             "b": batch_id,
@@ -288,7 +287,7 @@ class CoreServer:
             per_request = header["o"]
             if per_request is not None:
                 reader = self._reader
-                for request, descriptors in zip(pending.requests, per_request):
+                for request, descriptors in zip(pending.requests, per_request, strict=True):
                     if descriptors is None:
                         continue
                     outputs = [
@@ -302,8 +301,10 @@ class CoreServer:
             if final:
                 input_ns, infer_ns, output_ns = header["tm"]
                 stats.record_execution(pending.rows, len(pending.requests), input_ns, infer_ns, output_ns)
+                queue, success = stats.queue, stats.success
                 for request in pending.requests:
-                    stats.success.add(now - request.arrival_ns)
+                    queue.add(pending.dispatched_ns - request.arrival_ns)
+                    success.add(now - request.arrival_ns)
             if header["s"]:
                 self._send(pending.instance.identity, {"t": "free", "slots": header["s"]})
         if final:
@@ -329,14 +330,17 @@ class CoreServer:
         self._respond(request, InferenceResponse([], error))
 
 
-def _set_parent_death_signal() -> None:
-    # Linux: the kernel sends SIGTERM when the parent dies, so the core never outlives a killed Serve.
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+def _remove_ipc_endpoint(address: str) -> None:
+    # Serve made a private directory for the socket; when the parent was killed nobody else removes it.
+    if not address.startswith("ipc://"):
+        return
+    path = address[len("ipc://") :]
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    directory = os.path.dirname(path)
+    if os.path.basename(directory).startswith("pyserve-"):
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)
 
 
 async def serve_core(
@@ -349,7 +353,6 @@ async def serve_core(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, core.stop)
-    _set_parent_death_signal()
     if parent_pid and os.getppid() != parent_pid:
         return
     try:

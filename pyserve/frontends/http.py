@@ -58,7 +58,7 @@ _BINARY = b"application/octet-stream"
 class HttpRequest:
     """One parsed HTTP request."""
 
-    __slots__ = ("method", "path", "headers", "body", "keep_alive", "too_large")
+    __slots__ = ("body", "headers", "keep_alive", "method", "path", "too_large")
 
     def __init__(self) -> None:
         self.method = b""
@@ -169,10 +169,7 @@ class HttpProtocol(asyncio.Protocol):
         transport = self.transport
         if self.closed or transport is None:
             return
-        if isinstance(body, list):
-            length = sum(memoryview(part).nbytes for part in body)
-        else:
-            length = len(body)
+        length = sum(memoryview(part).nbytes for part in body) if isinstance(body, list) else len(body)
         head = b"HTTP/1.1 %d %s\r\ncontent-length: %d\r\n" % (status, _REASONS.get(status, "").encode(), length)
         if length or content_type is not _JSON:
             head += b"content-type: " + content_type + b"\r\n"
@@ -222,7 +219,9 @@ class HttpApp:
                 raise PayloadTooLargeError(f"request body exceeds the limit of {self.max_body} bytes")
             self._route(conn, request)
         except InferenceError as exc:
-            status = 400 if isinstance(exc, ModelNotFoundError) and request.path.endswith(b"/stats") else exc.http_status
+            status = (
+                400 if isinstance(exc, ModelNotFoundError) and request.path.endswith(b"/stats") else exc.http_status
+            )
             conn.respond_error(request, status, str(exc))
         except Exception as exc:
             logger.exception("unexpected error handling %r", request.path)
@@ -327,7 +326,9 @@ class HttpApp:
             try:
                 header_length = int(raw_length)
             except ValueError:
-                raise InvalidInputError(f"Inference-Header-Content-Length must be an integer, got {raw_length!r}") from None
+                raise InvalidInputError(
+                    f"Inference-Header-Content-Length must be an integer, got {raw_length!r}"
+                ) from None
         call = decode_request(body, header_length, entry)
         accept = headers.get(b"accept-encoding", b"").lower()
         compress = b"gzip" if b"gzip" in accept else b"deflate" if b"deflate" in accept else b""

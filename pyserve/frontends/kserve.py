@@ -46,7 +46,9 @@ def decode_request(body: bytes | bytearray | memoryview, header_length: int | No
     if header_length is None:
         header_bytes, binary = view, view[len(view) :]
     else:
-        if header_length < 0 or header_length > len(view):
+        if header_length < 0:
+            raise InvalidInputError(f"Inference-Header-Content-Length {header_length} is negative")
+        if header_length > len(view):
             raise InvalidInputError(
                 f"Inference-Header-Content-Length {header_length} is larger than the request body ({len(view)} bytes)"
             )
@@ -119,7 +121,9 @@ def _decode_input(raw: Any, binary: memoryview, offset: int) -> tuple[InputTenso
         raise InvalidInputError("each input must have a string 'name'")
     datatype = raw.get("datatype")
     if datatype not in DATATYPES:
-        raise InvalidInputError(f"input '{name}': unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
+        raise InvalidInputError(
+            f"input '{name}': unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}"
+        )
     shape = raw.get("shape")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise InvalidInputError(f"input '{name}': 'shape' must be a list of non-negative integers, got {shape!r}")
@@ -148,9 +152,7 @@ def _from_binary(name: str, datatype: str, shape: list[int], count: int, chunk: 
         return InputTensor(datatype, shape, chunk)
     expected = count * itemsize(datatype)
     if len(chunk) != expected:
-        raise InvalidInputError(
-            f"input '{name}': shape {shape} of {datatype} needs {expected} bytes, got {len(chunk)}"
-        )
+        raise InvalidInputError(f"input '{name}': shape {shape} of {datatype} needs {expected} bytes, got {len(chunk)}")
     array = np.frombuffer(chunk, dtype=numpy_dtype(datatype), count=count).reshape(shape)
     return InputTensor(datatype, shape, array)
 

@@ -33,7 +33,7 @@ def unpack_header(frame: Any) -> dict[str, Any]:
 class FrameWriter:
     """Collects the buffers of one outgoing message, inline or through the sender's shared-memory pool."""
 
-    __slots__ = ("frames", "slots", "_pool", "_threshold")
+    __slots__ = ("_pool", "_threshold", "frames", "slots")
 
     def __init__(self, pool: ShmPool | None, threshold: int) -> None:
         self.frames: list[Any] = []
@@ -87,7 +87,9 @@ def read_buffer(loc: Loc, frames: list[Any], reader: ShmReader) -> memoryview:
     return reader.view(name, nbytes)
 
 
-def array_from_buffer(buffer: memoryview, datatype: str, shape: list[int] | tuple[int, ...], name: str = "") -> np.ndarray:
+def array_from_buffer(
+    buffer: memoryview, datatype: str, shape: list[int] | tuple[int, ...], name: str = ""
+) -> np.ndarray:
     """A numpy array over buffer (zero-copy for fixed-size types; BYTES are decoded into an object array)."""
     count = 1
     for dim in shape:

@@ -69,8 +69,7 @@ class InstanceRunner:
 
     def run(self, stop: threading.Event, on_ready: Callable[[str | None], None]) -> None:
         """Connect, register with the core, then serve batches. ``on_ready(error)`` is called once."""
-        zctx = zmq.Context.instance()
-        socket = zctx.socket(zmq.DEALER)
+        socket: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, 0)
         socket.setsockopt(zmq.RCVHWM, 0)
@@ -192,7 +191,14 @@ class InstanceRunner:
             self._send_error(socket, batch_id, _as_inference_error(exc, self.spec.name))
             return
         done = time.perf_counter_ns()
-        reply = {"t": "res", "b": batch_id, "o": None, "s": [], "final": True, "tm": [decoded - started, done - decoded, 0]}
+        reply = {
+            "t": "res",
+            "b": batch_id,
+            "o": None,
+            "s": [],
+            "final": True,
+            "tm": [decoded - started, done - decoded, 0],
+        }
         socket.send(pack_header(reply))
 
     def _iterate_async(self, agen: Any) -> Any:
@@ -234,13 +240,15 @@ class InstanceRunner:
             batch.merged = merged
         return batch
 
-    def _encode(
-        self, batch: RequestBatch, result: Any, writer: FrameWriter, allow_none: bool = False
-    ) -> list[Any]:
+    def _encode(self, batch: RequestBatch, result: Any, writer: FrameWriter, allow_none: bool = False) -> list[Any]:
         if isinstance(result, dict) and len(batch) == 1:
             result = [result]
         if not isinstance(result, (list, tuple)) or len(result) != len(batch):
-            got = f"{type(result).__name__} of length {len(result)}" if isinstance(result, (list, tuple)) else type(result).__name__
+            got = (
+                f"{type(result).__name__} of length {len(result)}"
+                if isinstance(result, (list, tuple))
+                else type(result).__name__
+            )
             raise OutputMismatchError(
                 f"model '{self.spec.name}' must return a list with one output dict per request "
                 f"({len(batch)} requests), got {got}"
@@ -248,7 +256,7 @@ class InstanceRunner:
         encoded: list[Any] = []
         strict = self.spec.strict
         batching = self.spec.config.max_batch_size > 0
-        for request, outputs in zip(batch, result):
+        for request, outputs in zip(batch, result, strict=True):
             if outputs is None and allow_none:
                 encoded.append(None)
                 continue
@@ -274,17 +282,16 @@ class InstanceRunner:
                             f"(declared: {sorted(self._outputs)})"
                         )
                     continue
-                array = _check_output(self.spec.name, declared.name, declared.datatype, declared.shape,
-                                      outputs[name], strict, batching)
+                array = _check_output(
+                    self.spec.name, declared.name, declared.datatype, declared.shape, outputs[name], strict, batching
+                )
                 descriptors.append([name, declared.datatype, list(array.shape), writer.add_array(array)])
             if strict:
                 for declared_name in self._outputs:
                     if declared_name not in outputs and (
                         not request.requested_output_names or declared_name in request.requested_output_names
                     ):
-                        raise OutputMismatchError(
-                            f"model '{self.spec.name}' did not return output '{declared_name}'"
-                        )
+                        raise OutputMismatchError(f"model '{self.spec.name}' did not return output '{declared_name}'")
             encoded.append(descriptors)
         return encoded
 
@@ -314,7 +321,7 @@ def _check_output(
             ) from exc
     if strict:
         shape = array.shape[1:] if batching else array.shape
-        if len(shape) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, shape)):
+        if len(shape) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, shape, strict=True)):
             want = ([-1] if batching else []) + list(dims)
             raise OutputMismatchError(
                 f"model '{model}' output '{name}': expected shape {want}, got {list(array.shape)}"

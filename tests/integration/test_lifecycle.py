@@ -149,11 +149,6 @@ def test_restart_after_stop(own_server: Serve) -> None:
         own_server.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the core sets PR_SET_PDEATHSIG, which fires when the *thread* that spawned it exits, not the process: "
-    "a Serve started from a short-lived thread loses its core (pyserve/core/server.py _set_parent_death_signal)",
-)
 def test_server_started_from_a_thread_outlives_that_thread(own_server: Serve) -> None:
     bind_identity(own_server, "from_thread")
     starter = threading.Thread(target=own_server.run)
@@ -345,10 +340,5 @@ def test_shared_memory_is_removed_when_the_parent_is_killed(killed_parent: Kille
     assert killed_parent.segments_left == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the ipc runtime directory (/tmp/pyserve-*/core.sock) is made by Serve and only removed by Serve.stop(); "
-    "the core does not remove it when its parent was killed",
-)
 def test_ipc_directory_is_removed_when_the_parent_is_killed(killed_parent: KilledParent) -> None:
     assert not killed_parent.runtime_dir_left

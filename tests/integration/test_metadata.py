@@ -167,11 +167,6 @@ def test_statistics_count_requests_and_rows(client: triton_http.InferenceServerC
     assert {"stats_identity", "add_sub", "identity_bytes"} <= names
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pyserve/core/server.py records queue time at dispatch, so failed executions count in 'queue' "
-    "(Triton counts them only in fail/execution_count)",
-)
 def test_statistics_count_failures(client: triton_http.InferenceServerClient) -> None:
     (before,) = client.get_inference_statistics("raises")["model_stats"]
     infer_input = triton_http.InferInput("INPUT0", [1, 2], "FP32")
