@@ -89,6 +89,8 @@ class ServerSpec:
     http_port: int
     startup_timeout_s: float
     stop_timeout_s: float
+    ready_models: tuple[str, ...] = (MODEL_NAME,)
+    grpc_port: int = 0
 
 
 # ports and processes ----------------------------------------------------------------------------------------------
@@ -149,7 +151,7 @@ def stop_server(process: subprocess.Popen[bytes], timeout_s: float) -> None:
 
 @contextlib.contextmanager
 def running_server(spec: ServerSpec, log_path: Path) -> Iterator[str]:
-    """Start the server, wait for ``/v2/health/ready`` and the model's ready endpoint; yield ``host:port``.
+    """Start the server, wait for ``/v2/health/ready`` and ``spec.ready_models`` to be ready; yield ``host:port``.
 
     The server is stopped (SIGTERM, then SIGKILL of its process group) on every exit path.
     """
@@ -166,7 +168,7 @@ def running_server(spec: ServerSpec, log_path: Path) -> Iterator[str]:
         )
     try:
         deadline = time.monotonic() + spec.startup_timeout_s
-        probes = (f"{base}/v2/health/ready", f"{base}/v2/models/{MODEL_NAME}/ready")
+        probes = (f"{base}/v2/health/ready", *(f"{base}/v2/models/{model}/ready" for model in spec.ready_models))
         while not all(_http_ok(url) for url in probes):
             if process.poll() is not None:
                 raise BenchError(
@@ -245,12 +247,14 @@ def pytriton_spec(python: Path, pytriton_home: Path) -> ServerSpec:
         "--parent-pid",
         str(os.getpid()),
     ]
-    return ServerSpec("PyTriton", command, env, http_port, PYTRITON_STARTUP_TIMEOUT_S, PYTRITON_STOP_TIMEOUT_S)
+    return ServerSpec(
+        "PyTriton", command, env, http_port, PYTRITON_STARTUP_TIMEOUT_S, PYTRITON_STOP_TIMEOUT_S, grpc_port=grpc_port
+    )
 
 
 def pyserve_spec() -> ServerSpec:
     """The pyserve server, run by this interpreter (the project's venv)."""
-    (http_port,) = free_ports(1)
+    http_port, grpc_port = free_ports(2)
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     command = [
@@ -258,10 +262,14 @@ def pyserve_spec() -> ServerSpec:
         str(BENCH_DIR / "pyserve_server.py"),
         "--http-port",
         str(http_port),
+        "--grpc-port",
+        str(grpc_port),
         "--parent-pid",
         str(os.getpid()),
     ]
-    return ServerSpec("pyserve", command, env, http_port, PYSERVE_STARTUP_TIMEOUT_S, PYSERVE_STOP_TIMEOUT_S)
+    return ServerSpec(
+        "pyserve", command, env, http_port, PYSERVE_STARTUP_TIMEOUT_S, PYSERVE_STOP_TIMEOUT_S, grpc_port=grpc_port
+    )
 
 
 # perf_analyzer ------------------------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Serve the benchmark's identity model with pyserve: ``python benchmarks/pyserve_server.py --http-port PORT``.
 
 The model is ``identity_fp32``: input ``INPUT0`` (FP32, shape ``(-1,)``) returned as ``OUTPUT0``, with
-``max_batch_size=64`` and the default dynamic batcher (no queue delay). Blocks until SIGINT/SIGTERM.
+``max_batch_size=64`` and the default dynamic batcher (no queue delay). ``stream_fp32`` is its decoupled twin for
+the streaming benchmark: it answers each request with ``STREAM_TOKENS`` responses, each its input, as fast as it can.
+Blocks until SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 from numpy.typing import NDArray
@@ -18,12 +21,21 @@ from numpy.typing import NDArray
 from pyserve import ModelConfig, Serve, ServeConfig, Tensor, batch
 
 MODEL_NAME = "identity_fp32"
+STREAM_MODEL_NAME = "stream_fp32"
+STREAM_TOKENS = 32
 
 
 @batch
 def identity(INPUT0: NDArray[np.float32]) -> dict[str, NDArray[np.float32]]:
     """Return the input batch unchanged."""
     return {"OUTPUT0": INPUT0}
+
+
+@batch
+def stream(INPUT0: NDArray[np.float32]) -> Iterator[dict[str, NDArray[np.float32]]]:
+    """Answer with STREAM_TOKENS responses, each the input batch."""
+    for _ in range(STREAM_TOKENS):
+        yield {"OUTPUT0": INPUT0}
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -56,6 +68,13 @@ def main() -> None:
             inputs=[Tensor(name="INPUT0", dtype=np.float32, shape=(-1,))],
             outputs=[Tensor(name="OUTPUT0", dtype=np.float32, shape=(-1,))],
             config=ModelConfig(max_batch_size=64),
+        )
+        server.bind(
+            STREAM_MODEL_NAME,
+            infer_func=stream,
+            inputs=[Tensor(name="INPUT0", dtype=np.float32, shape=(-1,))],
+            outputs=[Tensor(name="OUTPUT0", dtype=np.float32, shape=(-1,))],
+            config=ModelConfig(max_batch_size=64, decoupled=True),
         )
         server.serve()
 

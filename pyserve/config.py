@@ -292,6 +292,7 @@ class ServeConfig:
     shm_pool_bytes: int = 1 << 30
     transport: str = "ipc"
     startup_timeout_s: float = 30.0
+    model_load_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.transport not in ("ipc", "tcp"):

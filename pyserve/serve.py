@@ -44,6 +44,7 @@ _STOP_TIMEOUT_S = 5.0
 class _BoundModel:
     spec: ModelSpec
     functions: list[Callable[..., Any]]
+    payload: bytes | None = None
     threads: list[threading.Thread] = dataclasses.field(default_factory=list)
     loaded: bool = False
 
@@ -63,6 +64,7 @@ class Serve:
         self._session = f"pyserve-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._router_address = ""
         self.http_port = 0
+        self.grpc_port = 0
 
     # public API -----------------------------------------------------------------------------------------------
 
@@ -101,17 +103,11 @@ class Serve:
                     f"{config.instances}"
                 )
             spec = dataclasses.replace(spec, config=dataclasses.replace(config, instances=len(functions)))
-        if config.worker is not WorkerKind.THREAD:
-            raise ConfigError(
-                f"model '{model_name}': worker={config.worker.value!r} is not available yet; "
-                "use the default thread worker"
-            )
-        if config.devices:
-            raise ConfigError(f"model '{model_name}': device placement needs process workers, not available yet")
+        payload = _pickle_for_processes(spec, functions) if config.worker is WorkerKind.PROCESS else None
         key = (model_name, model_version)
         if key in self._models:
             raise ModelAlreadyBoundError(f"model '{model_name}' version {model_version} is already bound")
-        bound = _BoundModel(spec, functions)
+        bound = _BoundModel(spec, functions, payload)
         self._models[key] = bound
         if self._process is not None:
             try:
@@ -244,6 +240,7 @@ class Serve:
             raise
         os.close(read_fd)
         self.http_port = ready["http_port"]
+        self.grpc_port = ready.get("grpc_port", 0)
         self._router_address = ready["router"]
         control: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
         control.setsockopt(zmq.LINGER, 0)
@@ -274,13 +271,13 @@ class Serve:
             )
         return orjson.loads(data)  # type: ignore[no-any-return]
 
-    def _request(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _request(self, message: dict[str, Any], timeout_s: float = _CONTROL_TIMEOUT_S) -> dict[str, Any]:
         assert self._control is not None
         with self._control_lock:
             rid = next(self._request_ids)
             message["rid"] = rid
             self._control.send(pack_header(message))
-            deadline = time.monotonic() + _CONTROL_TIMEOUT_S
+            deadline = time.monotonic() + timeout_s
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self._control.poll(int(remaining * 1000)):
@@ -291,9 +288,18 @@ class Serve:
 
     def _load(self, bound: _BoundModel) -> None:
         spec = bound.spec
+        if bound.payload is not None:
+            # Process instances: the core spawns and supervises them; it answers once all are connected.
+            message = {"t": "load", "spec": spec.to_wire(), "payload": bound.payload}
+            reply = self._request(message, self.config.model_load_timeout_s)
+            if reply["t"] == "error":
+                raise ServerError(reply["message"])
+            bound.loaded = True
+            return
         reply = self._request({"t": "load", "spec": spec.to_wire()})
         if reply["t"] == "error":
             raise ConfigError(reply["message"])
+        devices = spec.config.devices
         ready: list[str | None] = []
         events: list[threading.Event] = []
         for index, function in enumerate(bound.functions):
@@ -307,6 +313,7 @@ class Serve:
                 self._session,
                 self.config.shm_threshold_bytes,
                 self.config.shm_pool_bytes,
+                device=devices[index % len(devices)] if devices else "cpu",
             )
 
             def on_ready(error: str | None, event: threading.Event = event) -> None:
@@ -328,3 +335,20 @@ class Serve:
         if errors:
             raise ServerError(f"model '{spec.name}' could not start: {errors[0]}")
         bound.loaded = True
+
+
+def _pickle_for_processes(spec: ModelSpec, functions: list[Callable[..., Any]]) -> bytes:
+    """The payload a process instance loads: the spec and the callable(s), pickled with cloudpickle."""
+    import cloudpickle
+
+    try:
+        functions_blob = cloudpickle.dumps(functions)
+    except Exception as exc:
+        raise ConfigError(
+            f"model '{spec.name}': the infer function cannot be pickled for worker='process' ({exc}). "
+            "Bind a class instead (the factory form): it is instantiated inside each worker process, and its "
+            "setup(device) method, if any, loads the model there."
+        ) from exc
+    # The worker extends its sys.path like ours before unpickling, so classes from the user's modules import.
+    payload = {"spec": spec.to_wire(), "sys_path": list(sys.path), "functions": functions_blob}
+    return cloudpickle.dumps(payload)  # type: ignore[no-any-return]

@@ -86,3 +86,5 @@ class InferenceRequest:
     signature: tuple[Any, ...] = ()
     cancelled: bool = False
     done: bool = False
+    batch_id: int = 0
+    batch_index: int = 0

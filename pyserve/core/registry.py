@@ -107,6 +107,18 @@ class ModelEntry:
                 )
         return rows if self.batching else 1
 
+    def index_entry(self) -> dict[str, Any]:
+        """This version in the repository index: Triton's name/version/state/reason, plus live instance counts."""
+        configured = self.spec.config.instances
+        live = len(self.instances)
+        return {
+            "name": self.name,
+            "version": str(self.version),
+            "state": "READY" if live else "UNAVAILABLE",
+            "reason": "" if live == configured else f"{live} of {configured} instances live",
+            "instances": {"configured": configured, "live": live},
+        }
+
     def metadata(self, versions: list[int] | None = None) -> dict[str, Any]:
         """The model metadata document (``GET /v2/models/{m}``); ``versions`` lists every version of the model."""
         batch = [-1] if self.batching else []

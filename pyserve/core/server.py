@@ -6,17 +6,20 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from pyserve.config import ModelSpec, ServeConfig
+from pyserve.config import ModelSpec, ServeConfig, WorkerKind
 from pyserve.core.inference import InferenceRequest, InferenceResponse, OutputTensor
 from pyserve.core.registry import Instance, ModelEntry, Registry
-from pyserve.core.scheduler import ModelScheduler
+from pyserve.core.scheduler import ModelScheduler, ResponseOrderer
+from pyserve.core.supervisor import Supervisor, WorkerProcess, describe_exit
 from pyserve.errors import (
     CancelledError,
     InferenceError,
@@ -28,10 +31,14 @@ from pyserve.errors import (
 from pyserve.transport.messages import FrameWriter, pack_header, read_buffer, unpack_header
 from pyserve.transport.shm import ShmPool, ShmReader, remove_segments
 
+if TYPE_CHECKING:
+    from pyserve.frontends.grpc import GrpcFrontend
+
 logger = logging.getLogger(__name__)
 
 # The core polls its parent rather than using PR_SET_PDEATHSIG, which fires when the spawning *thread* exits.
 _PARENT_CHECK_S = 0.5
+_SUPERVISE_S = 0.1
 
 
 @dataclass(slots=True, eq=False)
@@ -56,6 +63,7 @@ class CoreServer:
         self.parent_pid = parent_pid
         self.registry = Registry()
         self.http_port = 0
+        self.grpc_port = 0
         self._socket: zmq.Socket[Any] | None = None
         self._pool = ShmPool(f"{shm_prefix}-core", config.shm_pool_bytes)
         self._reader = ShmReader()
@@ -65,11 +73,20 @@ class CoreServer:
         self._stopping: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._http_server: asyncio.base_events.Server | None = None
+        self._grpc_server: GrpcFrontend | None = None
+        self._cancel_socket: zmq.Socket[Any] | None = None
+        self.cancel_address = ""
+        self._supervisor: Supervisor | None = None
+        self._supervise_task: asyncio.Task[None] | None = None
+        self._work_dir = tempfile.mkdtemp(prefix="pyserve-core-")
+        # (model, version) -> (control identity, request id) of a load waiting for its process instances.
+        self._loading: dict[tuple[str, int], tuple[bytes, int]] = {}
 
     # lifecycle ------------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Bind the worker socket and the front ends."""
+        from pyserve.frontends.grpc import start_grpc_server
         from pyserve.frontends.http import start_http_server
 
         self._loop = asyncio.get_running_loop()
@@ -83,7 +100,17 @@ class CoreServer:
         self.router_address = socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self._socket = socket
         self._loop.add_reader(socket.fileno(), self._drain)
+        self._start_cancel_publisher()
+        self._supervisor = Supervisor(
+            self.router_address,
+            self.shm_prefix,
+            self.config.shm_threshold_bytes,
+            self.config.shm_pool_bytes,
+            self._on_process_exit,
+        )
+        self._supervise_task = asyncio.create_task(self._supervise())
         self._http_server, self.http_port = await start_http_server(self, self.config)
+        self._grpc_server, self.grpc_port = await start_grpc_server(self, self.config)
 
     async def wait_stopped(self) -> None:
         """Run until stop() or the parent process goes away."""
@@ -105,6 +132,8 @@ class CoreServer:
         """Stop front ends, fail what is in flight, release sockets and shared memory."""
         if self._http_server is not None:
             self._http_server.close()
+        if self._grpc_server is not None:
+            await self._grpc_server.stop()
         for entry in self.registry.entries():
             if entry.scheduler is not None:
                 for request in entry.scheduler.drain():
@@ -113,6 +142,13 @@ class CoreServer:
             for request in pending.requests:
                 self._fail(request, ModelNotReadyError("the server is shutting down"))
         self._pending.clear()
+        if self._supervise_task is not None:
+            self._supervise_task.cancel()
+        if self._supervisor is not None:
+            self._supervisor.close()
+        if self._cancel_socket is not None:
+            self._cancel_socket.close(linger=0)
+        shutil.rmtree(self._work_dir, ignore_errors=True)
         if self._socket is not None and self._loop is not None:
             self._loop.remove_reader(self._socket.fileno())
             self._socket.close(linger=0)
@@ -135,8 +171,77 @@ class CoreServer:
         entry.scheduler.submit(request)
 
     def cancel(self, request: InferenceRequest) -> None:
-        """The client went away: a queued request is dropped before it runs."""
+        """The client went away: a queued request is dropped; a running one gets its cancel flag set."""
+        if request.cancelled or request.done:
+            return
         request.cancelled = True
+        request.done = True
+        scheduler = request.model.scheduler
+        if scheduler is not None:
+            if scheduler.cancel(request):
+                return
+            if scheduler.orderer is not None:
+                scheduler.orderer.forget(request)
+        if request.batch_id in self._pending and self._cancel_socket is not None:
+            self._cancel_socket.send(pack_header({"b": request.batch_id, "i": [request.batch_index]}))
+
+    # process instances ----------------------------------------------------------------------------------------
+
+    def _start_cancel_publisher(self) -> None:
+        socket: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.PUB)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SNDHWM, 0)
+        if self.router_address.startswith("ipc://"):
+            socket.bind(self.router_address.rsplit("/", 1)[0] + "/cancel.sock")
+        else:
+            socket.bind(self.router_address.rsplit(":", 1)[0] + ":*")
+        self.cancel_address = socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._cancel_socket = socket
+
+    async def _supervise(self) -> None:
+        while True:
+            await asyncio.sleep(_SUPERVISE_S)
+            if self._supervisor is not None:
+                self._supervisor.poll()
+
+    def _start_processes(self, identity: bytes, rid: int, entry: ModelEntry, payload: bytes) -> None:
+        assert self._supervisor is not None
+        path = os.path.join(self._work_dir, f"{entry.name}-{entry.version}.pkl")
+        with open(path, "wb") as handle:
+            handle.write(payload)
+        self._loading[(entry.name, entry.version)] = (identity, rid)
+        config = entry.spec.config
+        self._supervisor.add(entry.name, entry.version, config.instances, config.devices, path)
+
+    def _on_process_exit(self, worker: WorkerProcess, status: int) -> None:
+        how = describe_exit(status)
+        for identity, (instance, entry, _) in list(self._instances.items()):
+            if instance.kind == "process" and instance.pid == worker.last_pid:
+                self._remove_instance(
+                    identity,
+                    WorkerDiedError(
+                        f"instance {instance.index} of model '{entry.name}' (pid {instance.pid}) died: {how}"
+                    ),
+                )
+        key = (worker.model, worker.version)
+        loading = self._loading.get(key)
+        if loading is not None and not worker.ready:
+            # The model never became ready: fail the bind() with the reason, stop the other instances.
+            del self._loading[key]
+            self._unload(worker.model, worker.version, "its instance failed to start")
+            message = (
+                f"instance {worker.index} of model '{worker.model}' exited before it was ready ({how}); "
+                "its error output is above"
+            )
+            self._send(loading[0], {"t": "error", "rid": loading[1], "message": message})
+            return
+        if self._stopping is not None and self._stopping.is_set():
+            return
+        assert self._supervisor is not None
+        delay = self._supervisor.schedule_restart(worker)
+        logger.error(
+            "instance %d of model '%s' died (%s); restarting in %.1f s", worker.index, worker.model, how, delay
+        )
 
     # worker socket --------------------------------------------------------------------------------------------
 
@@ -187,22 +292,39 @@ class CoreServer:
             entry = ModelEntry(spec)
             self.registry.add(entry)
             assert self._loop is not None
-            entry.scheduler = ModelScheduler(entry, self._dispatch, self._loop.call_later)
+            entry.scheduler = self._make_scheduler(entry)
         except PyServeError as exc:
             self._send(identity, {"t": "error", "rid": header["rid"], "message": str(exc)})
             return
+        if spec.config.worker is WorkerKind.PROCESS:
+            self._start_processes(identity, header["rid"], entry, header["payload"])
+            return
         self._send(identity, {"t": "ok", "rid": header["rid"]})
 
+    def _make_scheduler(self, entry: ModelEntry) -> ModelScheduler:
+        assert self._loop is not None
+        batcher = entry.spec.config.batcher
+        orderer = None
+        if entry.spec.config.dynamic_batching and batcher is not None and batcher.preserve_ordering:
+            orderer = ResponseOrderer(self._deliver)
+        return ModelScheduler(entry, self._dispatch, self._loop.call_later, reject=self._reject, orderer=orderer)
+
     def _on_unload(self, identity: bytes, header: dict[str, Any]) -> None:
-        entry = self.registry.remove(header["name"], header["version"])
-        if entry is not None:
-            if entry.scheduler is not None:
-                for request in entry.scheduler.drain():
-                    self._fail(request, ModelNotReadyError(f"model '{entry.name}' was unloaded"))
-            for instance in entry.instances:
-                self._instances.pop(instance.identity, None)
-                self._send(instance.identity, {"t": "stop"})
+        self._unload(header["name"], header["version"], "it was unloaded")
         self._send(identity, {"t": "ok", "rid": header["rid"]})
+
+    def _unload(self, name: str, version: int, why: str) -> None:
+        entry = self.registry.remove(name, version)
+        if entry is None:
+            return
+        if entry.scheduler is not None:
+            for request in entry.scheduler.drain():
+                self._fail(request, ModelNotReadyError(f"model '{entry.name}' is not available: {why}"))
+        for instance in list(entry.instances):
+            self._send(instance.identity, {"t": "stop"})
+            self._remove_instance(instance.identity, ModelNotReadyError(f"model '{entry.name}': {why}"))
+        if self._supervisor is not None:
+            self._supervisor.remove_model(name, version)
 
     def _on_hello(self, identity: bytes, header: dict[str, Any]) -> None:
         try:
@@ -213,11 +335,30 @@ class CoreServer:
         instance = Instance(identity, header["instance"], header["kind"], header["pid"])
         entry.instances.append(instance)
         self._instances[identity] = (instance, entry, header["shm_prefix"])
-        self._send(identity, {"t": "welcome"})
+        self._send(identity, {"t": "welcome", "cancel": self.cancel_address})
         assert entry.scheduler is not None
         entry.scheduler.add_instance(instance)
+        if instance.kind == "process" and self._supervisor is not None:
+            worker = self._supervisor.find(instance.pid)
+            if worker is not None:
+                worker.ready = True
+            self._maybe_finish_load(entry)
+
+    def _maybe_finish_load(self, entry: ModelEntry) -> None:
+        key = (entry.name, entry.version)
+        loading = self._loading.get(key)
+        if loading is not None and len(entry.instances) >= entry.spec.config.instances:
+            del self._loading[key]
+            self._send(loading[0], {"t": "ok", "rid": loading[1]})
 
     def _on_bye(self, identity: bytes) -> None:
+        known = self._instances.get(identity)
+        if known is not None:
+            self._remove_instance(
+                identity, WorkerDiedError(f"instance {known[0].index} of model '{known[1].name}' left")
+            )
+
+    def _remove_instance(self, identity: bytes, error: InferenceError) -> None:
         known = self._instances.pop(identity, None)
         if known is None:
             return
@@ -227,11 +368,18 @@ class CoreServer:
         if entry.scheduler is not None:
             entry.scheduler.remove_instance(instance)
         self._reader.forget(shm_prefix)
+        if instance.kind == "process":
+            remove_segments(shm_prefix)
         for batch_id, pending in list(self._pending.items()):
             if pending.instance is instance:
                 del self._pending[batch_id]
+                for name in pending.slots:
+                    self._pool.release(name)
+                entry.stats.record_failed_execution()
+                now = time.monotonic_ns()
                 for request in pending.requests:
-                    self._fail(request, WorkerDiedError(f"instance {instance.index} of model '{entry.name}' left"))
+                    entry.stats.fail.add(now - request.arrival_ns)
+                    self._fail(request, error)
 
     # batches --------------------------------------------------------------------------------------------------
 
@@ -263,6 +411,9 @@ class CoreServer:
             "r": [[r.id, r.parameters, r.requested_outputs, r.rows] for r in batch],
             "x": blocks,
         }
+        for index, request in enumerate(batch):
+            request.batch_id = batch_id
+            request.batch_index = index
         self._pending[batch_id] = PendingBatch(batch, instance, entry, writer.slots, rows, now)
         instance.batch_id = batch_id
         self._send(instance.identity, header, writer.frames)
@@ -321,6 +472,13 @@ class CoreServer:
             request.done = True
         if request.cancelled and response.error is None:
             response = InferenceResponse([], CancelledError("the request was cancelled"))
+        scheduler = request.model.scheduler
+        if scheduler is not None and scheduler.orderer is not None:
+            scheduler.orderer.deliver(request, response)
+        else:
+            self._deliver(request, response)
+
+    def _deliver(self, request: InferenceRequest, response: InferenceResponse) -> None:
         try:
             request.on_response(request, response)
         except Exception:
@@ -329,9 +487,14 @@ class CoreServer:
     def _fail(self, request: InferenceRequest, error: InferenceError) -> None:
         self._respond(request, InferenceResponse([], error))
 
+    def _reject(self, request: InferenceRequest, error: InferenceError) -> None:
+        # The scheduler refused a queued request (timeout): it counts as a failure of the model.
+        request.model.stats.fail.add(time.monotonic_ns() - request.arrival_ns)
+        self._fail(request, error)
+
 
 def _remove_ipc_endpoint(address: str) -> None:
-    # Serve made a private directory for the socket; when the parent was killed nobody else removes it.
+    # Serve made a private directory for the sockets; when the parent was killed nobody else removes it.
     if not address.startswith("ipc://"):
         return
     path = address[len("ipc://") :]
@@ -339,8 +502,7 @@ def _remove_ipc_endpoint(address: str) -> None:
         os.unlink(path)
     directory = os.path.dirname(path)
     if os.path.basename(directory).startswith("pyserve-"):
-        with contextlib.suppress(OSError):
-            os.rmdir(directory)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 async def serve_core(
@@ -358,7 +520,8 @@ async def serve_core(
     try:
         await core.start()
         if ready_fd is not None:
-            os.write(ready_fd, orjson.dumps({"http_port": core.http_port, "router": core.router_address}) + b"\n")
+            ready = {"http_port": core.http_port, "grpc_port": core.grpc_port, "router": core.router_address}
+            os.write(ready_fd, orjson.dumps(ready) + b"\n")
             os.close(ready_fd)
         await core.wait_stopped()
     finally:

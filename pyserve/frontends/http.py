@@ -18,25 +18,30 @@ from urllib.parse import unquote
 import httptools
 import orjson
 
-from pyserve._version import __version__
 from pyserve.config import ServeConfig
 from pyserve.core.inference import InferenceRequest, InferenceResponse
 from pyserve.core.registry import ModelEntry
 from pyserve.errors import (
     InferenceError,
     InvalidInputError,
+    ModelExecutionError,
     ModelNotFoundError,
     PayloadTooLargeError,
     UnsupportedError,
 )
-from pyserve.frontends.kserve import InferCall, decode_request, encode_response
+from pyserve.frontends.common import EXTENSIONS, SERVER_NAME, SERVER_VERSION, InferCall, build_request
+from pyserve.frontends.kserve import (
+    decode_generate_request,
+    decode_request,
+    encode_generate_response,
+    encode_response,
+)
 
 if TYPE_CHECKING:
     from pyserve.core.server import CoreServer
 
 logger = logging.getLogger(__name__)
 
-EXTENSIONS = ["binary_tensor_data", "parameters", "statistics", "model_configuration", "schedule_policy"]
 _REASONS = {
     100: "Continue",
     200: "OK",
@@ -53,6 +58,7 @@ _REASONS = {
 }
 _JSON = b"application/json"
 _BINARY = b"application/octet-stream"
+_EVENT_STREAM = b"text/event-stream; charset=utf-8"
 
 
 class HttpRequest:
@@ -180,6 +186,37 @@ class HttpProtocol(asyncio.Protocol):
             transport.write(b"".join([head, *body]))
         else:
             transport.write(head + body if body else head)
+        self._finish(request, transport)
+
+    def start_stream(self, request: HttpRequest, status: int, content_type: bytes) -> None:
+        """Send the head of a chunked response (Server-Sent Events); chunks follow with write_chunk()."""
+        transport = self.transport
+        if self.closed or transport is None:
+            return
+        head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ntransfer-encoding: chunked\r\ncache-control: no-cache\r\n" % (
+            status,
+            _REASONS.get(status, "").encode(),
+            content_type,
+        )
+        if not request.keep_alive:
+            head += b"connection: close\r\n"
+        transport.write(head + b"\r\n")
+
+    def write_chunk(self, data: bytes) -> None:
+        """One chunk of a streamed response."""
+        if data and not self.closed and self.transport is not None:
+            self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def end_stream(self, request: HttpRequest) -> None:
+        """Close a streamed response, then start the next pipelined request."""
+        self.in_flight = None
+        transport = self.transport
+        if self.closed or transport is None:
+            return
+        transport.write(b"0\r\n\r\n")
+        self._finish(request, transport)
+
+    def _finish(self, request: HttpRequest, transport: asyncio.Transport) -> None:
         if not request.keep_alive:
             transport.close()
             self.closed = True
@@ -235,7 +272,9 @@ class HttpApp:
             return
         rest = parts[1:]
         if not rest:
-            self._json(conn, request, method, {"name": "pyserve", "version": __version__, "extensions": EXTENSIONS})
+            self._json(
+                conn, request, method, {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
+            )
             return
         if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
             if method != b"GET":
@@ -248,10 +287,7 @@ class HttpApp:
             self._route_models(conn, request, method, rest[1:])
             return
         if rest == ["repository", "index"] and method == b"POST":
-            index = [
-                {"name": e.name, "version": str(e.version), "state": "READY" if e.ready else "UNAVAILABLE"}
-                for e in self.core.registry.entries()
-            ]
+            index = [e.index_entry() for e in self.core.registry.entries()]
             conn.respond(request, 200, orjson.dumps(index))
             return
         conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
@@ -298,7 +334,10 @@ class HttpApp:
         elif action == "ready":
             conn.respond(request, 200 if entry.ready else 400)
         elif action in ("generate", "generate_stream"):
-            raise UnsupportedError(f"'{action}' is not supported yet")
+            if method != b"POST":
+                conn.respond_error(request, 405, f"use POST for {action}")
+                return
+            self._generate(conn, request, entry, streaming=action == "generate_stream")
         else:
             conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
 
@@ -316,10 +355,7 @@ class HttpApp:
                 f"model '{entry.name}' is decoupled (streaming): use gRPC ModelStreamInfer or /generate_stream"
             )
         headers = request.headers
-        body: Any = request.body
-        encoding = headers.get(b"content-encoding")
-        if encoding:
-            body = _decompress(body, encoding.lower(), self.max_body)
+        body = self._body(request)
         header_length: int | None = None
         raw_length = headers.get(b"inference-header-content-length")
         if raw_length is not None:
@@ -336,19 +372,70 @@ class HttpApp:
         def on_response(infer: InferenceRequest, response: InferenceResponse) -> None:
             self._write_response(conn, request, entry, call, response, compress)
 
-        infer = InferenceRequest(
-            model=entry,
-            id=call.id,
-            inputs=call.inputs,
-            parameters=call.parameters,
-            requested_outputs=call.requested_outputs,
-            rows=0,
-            on_response=on_response,
-        )
-        infer.rows = _rows(entry, call)
-        infer.signature = _signature(call) if entry.batching else ()
+        infer = build_request(entry, call, on_response)
         conn.in_flight = infer
         self.core.submit(infer)
+
+    def _body(self, request: HttpRequest) -> Any:
+        encoding = request.headers.get(b"content-encoding")
+        if encoding:
+            return _decompress(request.body, encoding.lower(), self.max_body)
+        return request.body
+
+    # generate ------------------------------------------------------------------------------------------------
+
+    def _generate(self, conn: HttpProtocol, request: HttpRequest, entry: ModelEntry, streaming: bool) -> None:
+        """Triton's generate extension: ``/generate`` answers one JSON object, ``/generate_stream`` one Server-Sent
+        Event per response. Once a stream has started, a later error arrives as an ``{"error": ...}`` event."""
+        call = decode_generate_request(self._body(request), entry)
+        # A decoupled model ends with a flag-only response; it carries nothing to send.
+        decoupled = entry.spec.config.decoupled
+        collected: list[bytes] = []
+        started = finished = False
+
+        def on_response(infer: InferenceRequest, response: InferenceResponse) -> None:
+            nonlocal started, finished
+            if finished:
+                return
+            finished = response.final
+            error = response.error
+            if error is not None:
+                event = orjson.dumps({"error": str(error)})
+            elif response.final and decoupled and not response.outputs:
+                event = b""
+            else:
+                event = encode_generate_response(entry, call, response.outputs, response.parameters or None)
+            if not streaming:
+                if error is not None:
+                    finished = True
+                    conn.respond_error(request, error.http_status, str(error))
+                    return
+                if event:
+                    collected.append(event)
+                if response.final:
+                    if len(collected) == 1:
+                        conn.respond(request, 200, collected[0])
+                    else:
+                        conn.respond_error(
+                            request,
+                            ModelExecutionError.http_status,
+                            f"generate expects model '{entry.name}' to produce exactly 1 response, got "
+                            f"{len(collected)}; use generate_stream for a model that streams responses",
+                        )
+                return
+            if not started:
+                started = True
+                conn.start_stream(request, 200 if error is None else error.http_status, _EVENT_STREAM)
+            if event:
+                conn.write_chunk(b"data: " + event + b"\n\n")
+            if response.final:
+                conn.end_stream(request)
+
+        infer = build_request(entry, call, on_response)
+        conn.in_flight = infer
+        self.core.submit(infer)
+
+    # responses -----------------------------------------------------------------------------------------------
 
     def _write_response(
         self,
@@ -375,17 +462,6 @@ class HttpApp:
             body = gzip.compress(joined, 1) if compress == b"gzip" else zlib.compress(joined, 1)
             extra += b"content-encoding: " + compress + b"\r\n"
         conn.respond(request, 200, body, content_type, extra)
-
-
-def _rows(entry: ModelEntry, call: InferCall) -> int:
-    if not entry.batching:
-        return 1
-    first = next(iter(call.inputs.values()))
-    return first.shape[0]
-
-
-def _signature(call: InferCall) -> tuple[Any, ...]:
-    return tuple(sorted((name, t.datatype, tuple(t.shape[1:])) for name, t in call.inputs.items()))
 
 
 def _decompress(body: bytes | bytearray, encoding: bytes, limit: int) -> bytes:

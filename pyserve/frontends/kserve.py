@@ -8,7 +8,6 @@ JSON header plus the binary parts that follow it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,24 +17,7 @@ from pyserve.core.inference import InputTensor, OutputTensor
 from pyserve.core.registry import ModelEntry
 from pyserve.dtypes import DATATYPES, itemsize, numpy_dtype, serialize_bytes
 from pyserve.errors import InvalidInputError
-
-# Request parameters Triton defines; any other name starting with "triton_" is reserved and refused.
-_TRITON_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
-# Protocol-level parameters consumed here, not handed to the model.
-_PROTOCOL_PARAMETERS = frozenset({"binary_data_output"})
-_LENGTH_CHECK_LIMIT = 1 << 16
-
-
-@dataclass(slots=True)
-class InferCall:
-    """A decoded infer request: inputs, parameters and how each output should be encoded."""
-
-    id: str
-    inputs: dict[str, InputTensor]
-    parameters: dict[str, Any]
-    requested_outputs: list[str]
-    binary_outputs: dict[str, bool] = field(default_factory=dict)
-    binary_default: bool = False
+from pyserve.frontends.common import InferCall, check_parameter_names, model_parameters
 
 
 def decode_request(body: bytes | bytearray | memoryview, header_length: int | None, entry: ModelEntry) -> InferCall:
@@ -63,11 +45,8 @@ def decode_request(body: bytes | bytearray | memoryview, header_length: int | No
     if not isinstance(request_id, str):
         raise InvalidInputError(f"request 'id' must be a string, got {type(request_id).__name__}")
     parameters = _parameters(doc.get("parameters"), "request")
-    for name in parameters:
-        if name.startswith("triton_") and name not in _TRITON_PARAMETERS:
-            raise InvalidInputError(f"parameter '{name}' is reserved: names starting with 'triton_' are Triton's")
+    check_parameter_names(parameters)
     binary_default = bool(parameters.get("binary_data_output", False))
-    model_parameters = {k: v for k, v in parameters.items() if k not in _PROTOCOL_PARAMETERS}
 
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list):
@@ -102,7 +81,7 @@ def decode_request(body: bytes | bytearray | memoryview, header_length: int | No
             # An output listed without binary_data comes back as JSON, whatever binary_data_output says.
             binary_outputs[name] = bool(out_params.get("binary_data", False))
     entry.validate(inputs, requested)
-    return InferCall(request_id, inputs, model_parameters, requested, binary_outputs, binary_default)
+    return InferCall(request_id, inputs, model_parameters(parameters), requested, binary_outputs, binary_default)
 
 
 def _parameters(value: Any, where: str) -> dict[str, Any]:
@@ -140,13 +119,15 @@ def _decode_input(raw: Any, binary: memoryview, offset: int) -> tuple[InputTenso
                 f"input '{name}': binary_data_size {size} exceeds the {len(binary) - offset} bytes left in the body"
             )
         chunk = binary[offset : offset + size]
-        return _from_binary(name, datatype, shape, count, chunk), name, size
+        return tensor_from_binary(name, datatype, shape, chunk), name, size
     if "data" not in raw:
         raise InvalidInputError(f"input '{name}' has neither 'data' nor a binary_data_size parameter")
     return _from_json(name, datatype, shape, count, raw["data"]), name, 0
 
 
-def _from_binary(name: str, datatype: str, shape: list[int], count: int, chunk: memoryview) -> InputTensor:
+def tensor_from_binary(name: str, datatype: str, shape: list[int], chunk: memoryview) -> InputTensor:
+    """An input from its raw bytes (binary tensor data, gRPC raw contents): a view, no copy; BYTES checked."""
+    count = math.prod(shape)
     if datatype == "BYTES":
         check_bytes_blob(name, chunk, count)
         return InputTensor(datatype, shape, chunk)
@@ -264,7 +245,6 @@ def _decode_raw(body: memoryview, entry: ModelEntry) -> InferCall:
     datatype = declared.datatype
     if datatype == "BYTES":
         shape = [1] * (len(dims) + (1 if entry.batching else 0))
-        count = 1
     else:
         size = itemsize(datatype)
         fixed = math.prod(d for d in dims if d != -1)
@@ -285,8 +265,7 @@ def _decode_raw(body: memoryview, entry: ModelEntry) -> InferCall:
                 f"input '{declared.name}': shape {dims} of {datatype} needs {size * fixed} bytes, got {len(body)}"
             )
         shape = ([1] if entry.batching else []) + dims
-        count = math.prod(shape)
-    tensor = _from_binary(declared.name, datatype, shape, count, body)
+    tensor = tensor_from_binary(declared.name, datatype, shape, body)
     inputs = {declared.name: tensor}
     entry.validate(inputs, [])
     return InferCall("", inputs, {}, [], {}, binary_default=True)
@@ -324,3 +303,85 @@ def _json_data(output: OutputTensor) -> Any:
     if output.datatype == "BF16":
         array = array.astype(np.float32)
     return array.reshape(-1).tolist()
+
+
+# generate extension ------------------------------------------------------------------------------------------
+
+
+def decode_generate_request(body: bytes | bytearray | memoryview, entry: ModelEntry) -> InferCall:
+    """Decode a ``/generate`` body: a JSON object whose keys are model inputs or parameters (as Triton maps them).
+
+    A key naming a model input becomes that input (a scalar or a flat list, its shape filled in from the model's
+    declared shape); any other key, and every key of a nested ``parameters`` object, is a request parameter.
+    """
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInputError(f"failed to parse the generate request JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInputError("the generate request JSON must be an object")
+    inputs: dict[str, InputTensor] = {}
+    parameters: dict[str, Any] = {}
+
+    def take(key: str, value: Any) -> None:
+        declared = entry.inputs.get(key)
+        if declared is not None:
+            if key in inputs:
+                raise InvalidInputError(f"input '{key}' is given more than once")
+            inputs[key] = _generate_input(entry, key, declared.datatype, list(declared.shape), value)
+        elif isinstance(value, (str, int, float)):  # bool is an int
+            parameters[key] = value
+        else:
+            raise InvalidInputError(
+                f"parameter '{key}' must be a string, number or boolean, got {type(value).__name__}"
+            )
+
+    for key, value in doc.items():
+        if key == "parameters" and key not in entry.inputs:
+            for name, item in _parameters(value, "generate request").items():
+                take(name, item)
+        else:
+            take(key, value)
+    check_parameter_names(parameters)
+    entry.validate(inputs, [])
+    return InferCall("", inputs, model_parameters(parameters), [])
+
+
+def _generate_input(entry: ModelEntry, name: str, datatype: str, dims: list[int], value: Any) -> InputTensor:
+    if isinstance(value, list) and any(isinstance(item, (list, dict)) for item in value):
+        raise InvalidInputError(f"input '{name}': a generate request input must be a scalar or a flat list")
+    count = len(value) if isinstance(value, list) else 1
+    # Fixed dimensions take their share of the elements; the innermost -1 (the batch dimension included) takes
+    # what is left and any other -1 becomes 1.
+    shape = ([-1] if entry.batching else []) + dims
+    remaining = count
+    for dim in shape:
+        if dim != -1:
+            if remaining % dim:
+                raise InvalidInputError(f"input '{name}': {count} element(s) do not fit its shape {shape}")
+            remaining //= dim
+    for index in range(len(shape) - 1, -1, -1):
+        if shape[index] == -1:
+            shape[index] = remaining
+            remaining = 1
+    if remaining != 1:
+        raise InvalidInputError(f"input '{name}': {count} element(s) do not fit its shape {shape}")
+    return _from_json(name, datatype, shape, count, value)
+
+
+def encode_generate_response(
+    entry: ModelEntry, call: InferCall, outputs: list[OutputTensor], parameters: dict[str, Any] | None = None
+) -> bytes:
+    """One generate response object: model name and version, response parameters, then each output by name
+    (a one-element output as a JSON scalar, any other as a flat list)."""
+    doc: dict[str, Any] = {}
+    if call.id:
+        doc["id"] = call.id
+    doc["model_name"] = entry.name
+    doc["model_version"] = str(entry.version)
+    if parameters:
+        doc.update(parameters)
+    for output in outputs:
+        data = _json_data(output)
+        doc[output.name] = data[0] if len(data) == 1 else data
+    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)

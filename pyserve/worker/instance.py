@@ -26,6 +26,7 @@ from pyserve.errors import InferenceError, ModelExecutionError, OutputMismatchEr
 from pyserve.request import ModelContext, Request, RequestBatch, reset_current_model, set_current_model
 from pyserve.transport.messages import FrameWriter, array_from_buffer, pack_header, read_buffer, unpack_header
 from pyserve.transport.shm import ShmPool, ShmReader
+from pyserve.worker.cancel import CancelListener, cancel_listener
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class InstanceRunner:
         shm_limit: int,
         device: str = "cpu",
         kind: str = "thread",
+        parent_pid: int = 0,
     ) -> None:
         self.address = address
         self.spec = spec
@@ -66,6 +68,8 @@ class InstanceRunner:
         self._shm_limit = shm_limit
         self._outputs = {t.name: t for t in spec.outputs}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._parent_pid = parent_pid
+        self._cancel: CancelListener | None = None
 
     def run(self, stop: threading.Event, on_ready: Callable[[str | None], None]) -> None:
         """Connect, register with the core, then serve batches. ``on_ready(error)`` is called once."""
@@ -77,6 +81,7 @@ class InstanceRunner:
         reader = ShmReader()
         ready_sent = False
         try:
+            self.infer_func = instantiate(self.infer_func, self.context.device)
             socket.connect(self.address)
             socket.send(
                 pack_header(
@@ -95,6 +100,8 @@ class InstanceRunner:
             poller.register(socket, zmq.POLLIN)
             while not stop.is_set():
                 if not poller.poll(_POLL_MS):
+                    if self._parent_pid and os.getppid() != self._parent_pid:
+                        return
                     continue
                 frames = socket.recv_multipart(copy=False)
                 header = unpack_header(frames[0].buffer)
@@ -105,6 +112,8 @@ class InstanceRunner:
                     for name in header["slots"]:
                         pool.release(name)
                 elif kind == "welcome":
+                    if header.get("cancel"):
+                        self._cancel = cancel_listener(header["cancel"])
                     ready_sent = True
                     on_ready(None)
                 elif kind == "refused":
@@ -116,6 +125,11 @@ class InstanceRunner:
         except zmq.ZMQError as exc:
             if not stop.is_set():
                 logger.error("instance %d of model '%s' lost its connection: %s", self.instance, self.spec.name, exc)
+        except Exception as exc:  # setup() or the factory failed: report it to whoever waits for readiness
+            if ready_sent:
+                raise
+            ready_sent = True
+            on_ready("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
         finally:
             if not ready_sent:
                 on_ready("the instance stopped before the core accepted it")
@@ -132,12 +146,15 @@ class InstanceRunner:
     ) -> None:
         batch_id = header["b"]
         started = time.perf_counter_ns()
+        flags = [threading.Event() for _ in header["r"]]
         try:
-            batch = self._decode(header, frames, reader)
+            batch = self._decode(header, frames, reader, flags)
         except Exception as exc:  # a malformed batch is the core's bug; report it, keep serving
             self._send_error(socket, batch_id, InferenceError(f"could not decode batch: {exc}"))
             return
         decoded = time.perf_counter_ns()
+        if self._cancel is not None:
+            self._cancel.register(batch_id, flags)
         token = set_current_model(self.context)
         try:
             result = self.infer_func(batch)
@@ -157,6 +174,8 @@ class InstanceRunner:
             return
         finally:
             reset_current_model(token)
+            if self._cancel is not None:
+                self._cancel.unregister(batch_id)
         encoded = time.perf_counter_ns()
         reply = {
             "t": "res",
@@ -179,14 +198,18 @@ class InstanceRunner:
         decoded: int,
     ) -> None:
         # Decoupled model: every yielded list is one round of responses; a final empty message closes the batch.
-        sent = 0
         try:
             for result in responses:
+                if all(request.is_cancelled for request in batch):
+                    # Every client of this batch went away: stop the generator, no work for nobody.
+                    responses.close()
+                    break
+                if isinstance(result, (list, tuple)) and len(result) == len(batch):
+                    result = [None if r.is_cancelled else out for r, out in zip(batch, result, strict=True)]
                 writer = FrameWriter(pool, self._shm_threshold)
                 outputs = self._encode(batch, result, writer, allow_none=True)
                 reply = {"t": "res", "b": batch_id, "o": outputs, "s": writer.slots, "final": False}
                 socket.send_multipart([pack_header(reply), *writer.frames], copy=False)
-                sent += 1
         except Exception as exc:
             self._send_error(socket, batch_id, _as_inference_error(exc, self.spec.name))
             return
@@ -203,11 +226,16 @@ class InstanceRunner:
 
     def _iterate_async(self, agen: Any) -> Any:
         loop = self._event_loop()
-        while True:
-            try:
-                yield loop.run_until_complete(agen.__anext__())
-            except StopAsyncIteration:
-                return
+        try:
+            while True:
+                try:
+                    item = loop.run_until_complete(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            # Closing this wrapper (client gone) must close the user's async generator too.
+            loop.run_until_complete(agen.aclose())
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -218,7 +246,9 @@ class InstanceRunner:
         reply = {"t": "res", "b": batch_id, "err": [error_kind(error), str(error)], "final": True}
         socket.send(pack_header(reply))
 
-    def _decode(self, header: dict[str, Any], frames: list[Any], reader: ShmReader) -> RequestBatch:
+    def _decode(
+        self, header: dict[str, Any], frames: list[Any], reader: ShmReader, flags: list[threading.Event]
+    ) -> RequestBatch:
         requests = header["r"]
         data: list[dict[str, np.ndarray]] = [{} for _ in requests]
         merged: dict[str, np.ndarray] = {}
@@ -234,7 +264,8 @@ class InstanceRunner:
             else:
                 data[target][name] = array
         batch = RequestBatch(
-            Request(data[i], params, tuple(outputs), req_id) for i, (req_id, params, outputs, _) in enumerate(requests)
+            Request(data[i], params, tuple(outputs), req_id, flags[i])
+            for i, (req_id, params, outputs, _) in enumerate(requests)
         )
         if merged and len(merged) == len(data[0]):
             batch.merged = merged
@@ -294,6 +325,19 @@ class InstanceRunner:
                         raise OutputMismatchError(f"model '{self.spec.name}' did not return output '{declared_name}'")
             encoded.append(descriptors)
         return encoded
+
+
+def instantiate(target: Any, device: str) -> Callable[..., Any]:
+    """The callable an instance runs: a class is instantiated here (in the instance's thread or process), and an
+    object with ``setup(device)`` is set up, so heavy models load where they will run."""
+    if isinstance(target, type):
+        target = target()
+    setup = getattr(target, "setup", None)
+    if callable(setup):
+        setup(device)
+    if not callable(target):
+        raise TypeError(f"the bound object {target!r} is not callable: define __call__(self, requests)")
+    return target  # type: ignore[no-any-return]
 
 
 async def _await(awaitable: Any) -> Any:

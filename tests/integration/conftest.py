@@ -1,7 +1,7 @@
 """Fixtures for integration tests: one real server on loopback with a model of every kind, clients to reach it.
 
 Most tests share the session's ``server`` (started once, stopped at the end). Tests that need their own server
-(lifecycle, limits) start it themselves with ``ServeConfig(http_port=0)`` so ports never clash.
+(lifecycle, limits) start it themselves with ``ServeConfig(http_port=0, grpc_port=0)`` so ports never clash.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 
 from pyserve import DynamicBatcher, ModelConfig, Request, Serve, ServeConfig, Tensor, batch
@@ -217,7 +218,7 @@ def bind_test_models(s: Serve) -> None:
 @pytest.fixture(scope="session")
 def server() -> Iterator[Serve]:
     """One running server with every test model, shared by the session."""
-    s = Serve(ServeConfig(http_port=0))
+    s = Serve(ServeConfig(http_port=0, grpc_port=0))
     bind_test_models(s)
     try:
         s.run()
@@ -230,6 +231,14 @@ def server() -> Iterator[Serve]:
 def client(server: Serve) -> Iterator[triton_http.InferenceServerClient]:
     """Triton's own HTTP client, pointed at the shared server."""
     c = triton_http.InferenceServerClient(f"127.0.0.1:{server.http_port}", network_timeout=30.0)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="session")
+def grpc_client(server: Serve) -> Iterator[triton_grpc.InferenceServerClient]:
+    """Triton's own gRPC client, pointed at the shared server."""
+    c = triton_grpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
     yield c
     c.close()
 

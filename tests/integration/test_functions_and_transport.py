@@ -64,7 +64,7 @@ def fp32(name: str, shape: tuple[int, ...] = (-1,)) -> Tensor:
 
 @pytest.fixture(scope="module")
 def tcp_server() -> Iterator[Serve]:
-    server = Serve(ServeConfig(http_port=0, transport="tcp"))
+    server = Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0, transport="tcp"))
     server.bind("async_double", async_double, [fp32("INPUT0")], [fp32("OUTPUT0")], ModelConfig(max_batch_size=8))
     server.bind(
         "scaled",

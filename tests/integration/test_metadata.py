@@ -18,13 +18,8 @@ pytestmark = pytest.mark.integration
 
 
 def reference(repo_root: Path, name: str) -> Any:
-    """A response captured from Triton 2.51 (shared/reference/triton-2.51/)."""
-    bases = [repo_root / "shared", repo_root.parent / "shared"]
-    for base in bases:
-        path = base / "reference" / "triton-2.51" / name
-        if path.is_file():
-            return json.loads(path.read_text())
-    pytest.skip(f"reference capture {name} not found under {[str(b) for b in bases]}")
+    """A response captured from Triton 2.51 (copied from shared/reference/triton-2.51/ into tests/data/)."""
+    return json.loads((repo_root / "tests" / "data" / "triton-2.51" / name).read_text())
 
 
 def test_health(client: triton_http.InferenceServerClient) -> None:
@@ -127,7 +122,13 @@ def test_repository_index(client: triton_http.InferenceServerClient, server: Ser
     index = client.get_model_repository_index()
     by_name = {entry["name"]: entry for entry in index}
     for name in ("add_sub", "no_batch", "identity_bf16", "multi", "echo_parameters"):
-        assert by_name[name] == {"name": name, "version": "1", "state": "READY"}
+        assert by_name[name] == {
+            "name": name,
+            "version": "1",
+            "state": "READY",
+            "reason": "",
+            "instances": {"configured": 1, "live": 1},
+        }
     assert [entry["name"] for entry in index] == sorted(by_name)
 
 

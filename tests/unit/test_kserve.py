@@ -24,9 +24,7 @@ from pyserve.dtypes import deserialize_bytes, serialize_bytes
 from pyserve.errors import InvalidInputError, ModelAlreadyBoundError, ModelNotFoundError
 from pyserve.frontends.kserve import InferCall, check_bytes_blob, decode_request, encode_response
 
-REFERENCE = Path("/work/shared/reference/triton-2.51")
-if not REFERENCE.is_dir():
-    REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "triton-2.51"
+REFERENCE = Path(__file__).resolve().parents[1] / "data" / "triton-2.51"
 
 
 def model(

@@ -9,9 +9,7 @@ from typing import Any
 
 from pyserve.core.stats import Duration, ModelStats
 
-REFERENCE = Path("/work/shared/reference/triton-2.51")
-if not REFERENCE.is_dir():
-    REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "triton-2.51"
+REFERENCE = Path(__file__).resolve().parents[1] / "data" / "triton-2.51"
 
 
 def key_tree(value: Any) -> Any:

@@ -1,0 +1,429 @@
+"""gRPC front end: ``inference.GRPCInferenceService`` (KServe v2 / Triton) and ``grpc.health.v1.Health`` on grpc.aio.
+
+It runs on the core's asyncio loop (uvloop included: grpc.aio's completion queue is polled on its own thread and
+wakes the loop through a socket, which any asyncio loop supports), so responses are written from the core's
+callbacks without a thread hop. ``ModelInfer`` and ``ModelStreamInfer`` take and return raw bytes: the tensor
+bytes never become protobuf objects (see ``grpc_codec``). Every other RPC uses the generated messages.
+
+Errors map through ``errors.py``: each ``InferenceError`` has its ``grpc_code``. On a stream, an error answers that
+one request with ``error_message`` and the stream stays open; a client that cancels or drops the stream has every
+request still in flight cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from google.protobuf import json_format
+
+from pyserve.config import ServeConfig
+from pyserve.core.inference import InferenceRequest, InferenceResponse
+from pyserve.core.registry import ModelEntry
+from pyserve.errors import InferenceError, InvalidInputError, ModelNotFoundError, ModelNotReadyError, UnsupportedError
+from pyserve.frontends.common import EXTENSIONS, SERVER_NAME, SERVER_VERSION, build_request
+from pyserve.frontends.grpc_codec import (
+    decode_infer_call,
+    infer_response_bytes,
+    parse_infer_request,
+    stream_flag_bytes,
+    stream_response_bytes,
+)
+from pyserve.frontends.protocol import grpc_service_pb2 as pb
+from pyserve.frontends.protocol import health_pb2
+
+if TYPE_CHECKING:
+    from pyserve.core.server import CoreServer
+
+logger = logging.getLogger(__name__)
+
+SERVICE = "inference.GRPCInferenceService"
+HEALTH_SERVICE = "grpc.health.v1.Health"
+# gRPC caps one message at 2 GiB - 1 (a signed 32-bit length).
+_MAX_MESSAGE_BYTES = (1 << 31) - 1
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+# grpc.aio.ServicerContext (grpc ships no type information).
+Context = Any
+
+
+def _status(error: InferenceError) -> grpc.StatusCode:
+    return grpc.StatusCode[error.grpc_code]
+
+
+class GrpcFrontend:
+    """The gRPC server of one core: start() binds it, stop() ends every call."""
+
+    def __init__(self, core: CoreServer, config: ServeConfig) -> None:
+        self.core = core
+        self.config = config
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> int:
+        """Listen on config.host:grpc_port (0 picks a free port); returns the bound port."""
+        limit = min(self.config.max_request_bytes, _MAX_MESSAGE_BYTES)
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", -1),
+                # Two servers must never share a port silently.
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        server.add_generic_rpc_handlers((self._inference_handler(), self._health_handler()))
+        host = self.config.host
+        address = f"[{host}]:{self.config.grpc_port}" if ":" in host else f"{host}:{self.config.grpc_port}"
+        try:
+            port = int(server.add_insecure_port(address))
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen for gRPC on {address}: {exc}") from exc
+        if port == 0:
+            raise OSError(f"cannot listen for gRPC on {address}")
+        await server.start()
+        self._server = server
+        self.port = port
+        return port
+
+    async def stop(self) -> None:
+        """Stop at once: calls in progress are cancelled (which cancels their requests)."""
+        if self._server is not None:
+            await self._server.stop(None)
+            self._server = None
+
+    # handlers -------------------------------------------------------------------------------------------------
+
+    def _inference_handler(self) -> grpc.GenericRpcHandler:
+        unary = self._unary
+        handlers = {
+            "ServerLive": unary(self._server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
+            "ServerReady": unary(self._server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
+            "ModelReady": unary(self._model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
+            "ServerMetadata": unary(self._server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse),
+            "ModelMetadata": unary(self._model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse),
+            "ModelConfig": unary(self._model_config, pb.ModelConfigRequest, pb.ModelConfigResponse),
+            "ModelStatistics": unary(self._model_statistics, pb.ModelStatisticsRequest, pb.ModelStatisticsResponse),
+            "RepositoryIndex": unary(self._repository_index, pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
+            "RepositoryModelLoad": unary(
+                self._repository_load, pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse
+            ),
+            "RepositoryModelUnload": unary(
+                self._repository_unload, pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse
+            ),
+            "SystemSharedMemoryStatus": unary(
+                self._system_shm_status, pb.SystemSharedMemoryStatusRequest, pb.SystemSharedMemoryStatusResponse
+            ),
+            "SystemSharedMemoryRegister": unary(
+                self._shm_register, pb.SystemSharedMemoryRegisterRequest, pb.SystemSharedMemoryRegisterResponse
+            ),
+            "SystemSharedMemoryUnregister": unary(
+                self._system_shm_unregister,
+                pb.SystemSharedMemoryUnregisterRequest,
+                pb.SystemSharedMemoryUnregisterResponse,
+            ),
+            "CudaSharedMemoryStatus": unary(
+                self._cuda_shm_status, pb.CudaSharedMemoryStatusRequest, pb.CudaSharedMemoryStatusResponse
+            ),
+            "CudaSharedMemoryRegister": unary(
+                self._shm_register, pb.CudaSharedMemoryRegisterRequest, pb.CudaSharedMemoryRegisterResponse
+            ),
+            "CudaSharedMemoryUnregister": unary(
+                self._cuda_shm_unregister, pb.CudaSharedMemoryUnregisterRequest, pb.CudaSharedMemoryUnregisterResponse
+            ),
+            "TraceSetting": unary(self._trace_setting, pb.TraceSettingRequest, pb.TraceSettingResponse),
+            "LogSettings": unary(self._log_settings, pb.LogSettingsRequest, pb.LogSettingsResponse),
+            # Raw bytes in and out: the codec handles these messages itself.
+            "ModelInfer": grpc.unary_unary_rpc_method_handler(self._model_infer),
+            "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(self._model_stream_infer),
+        }
+        return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+    def _health_handler(self) -> grpc.GenericRpcHandler:
+        check = self._unary(self._health_check, health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse)
+        return grpc.method_handlers_generic_handler(HEALTH_SERVICE, {"Check": check})
+
+    @staticmethod
+    def _unary(function: Callable[[Any], Any], request_type: Any, response_type: Any) -> grpc.RpcMethodHandler:
+        """A unary handler around a plain function; InferenceError becomes the call's status."""
+
+        async def handler(request: Any, context: Context) -> Any:
+            try:
+                return function(request)
+            except InferenceError as exc:
+                await context.abort(_status(exc), str(exc))
+            except Exception as exc:
+                logger.exception("unexpected error in a gRPC call")
+                await context.abort(grpc.StatusCode.INTERNAL, f"internal server error: {exc}")
+
+        return grpc.unary_unary_rpc_method_handler(
+            handler, request_deserializer=request_type.FromString, response_serializer=response_type.SerializeToString
+        )
+
+    # health and metadata ----------------------------------------------------------------------------------------
+
+    def _server_live(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    def _server_ready(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.core.is_ready())
+
+    def _model_ready(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self._entry(request.name, request.version).ready)
+
+    def _health_check(self, request: health_pb2.HealthCheckRequest) -> health_pb2.HealthCheckResponse:
+        if request.service not in ("", SERVICE):
+            raise ModelNotFoundError(f"unknown service '{request.service}'")
+        serving = health_pb2.HealthCheckResponse.SERVING
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        return health_pb2.HealthCheckResponse(status=serving if self.core.is_ready() else not_serving)
+
+    def _server_metadata(self, request: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=EXTENSIONS)
+
+    def _model_metadata(self, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
+        entry = self._entry(request.name, request.version)
+        doc = entry.metadata([e.version for e in self.core.registry.versions(entry.name)])
+        response = pb.ModelMetadataResponse()
+        json_format.ParseDict(doc, response)
+        return response
+
+    def _model_config(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
+        entry = self._entry(request.name, request.version)
+        response = pb.ModelConfigResponse()
+        json_format.ParseDict({"config": entry.config_json()}, response)
+        return response
+
+    def _model_statistics(self, request: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
+        registry = self.core.registry
+        if not request.name:
+            entries = registry.entries()
+        elif not request.version:
+            entries = registry.versions(request.name)
+        else:
+            try:
+                entries = [registry.get(request.name, request.version)]
+            except ModelNotFoundError:
+                entries = []
+        if request.name and not entries:
+            # As over HTTP (400): Triton answers INVALID_ARGUMENT for statistics of an unknown model.
+            version = f" version {request.version}" if request.version else ""
+            raise InvalidInputError(f"requested model '{request.name}'{version} is not available")
+        doc = {"model_stats": [e.stats.to_json(e.name, e.version) for e in entries]}
+        response = pb.ModelStatisticsResponse()
+        json_format.ParseDict(doc, response)
+        return response
+
+    def _entry(self, name: str, version: str) -> ModelEntry:
+        return self.core.registry.get(name, version or None)
+
+    # repository, shared memory, trace, logging: what this server does today ------------------------------------
+
+    def _repository_index(self, request: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
+        response = pb.RepositoryIndexResponse()
+        for entry in self.core.registry.entries():
+            if request.ready and not entry.ready:
+                continue
+            state = "READY" if entry.ready else "UNAVAILABLE"
+            response.models.add(name=entry.name, version=str(entry.version), state=state)
+        return response
+
+    def _repository_load(self, request: pb.RepositoryModelLoadRequest) -> pb.RepositoryModelLoadResponse:
+        versions = self.core.registry.versions(request.model_name)
+        if versions and all(entry.ready for entry in versions) and not request.parameters:
+            return pb.RepositoryModelLoadResponse()  # already loaded: nothing to do
+        raise ModelNotReadyError(
+            f"cannot load model '{request.model_name}': pyserve serves the models bound with Serve.bind(); "
+            "loading from a model repository is not supported"
+        )
+
+    def _repository_unload(self, request: pb.RepositoryModelUnloadRequest) -> pb.RepositoryModelUnloadResponse:
+        raise ModelNotReadyError(
+            f"cannot unload model '{request.model_name}': models are unloaded by the process that bound them"
+        )
+
+    def _system_shm_status(self, request: pb.SystemSharedMemoryStatusRequest) -> pb.SystemSharedMemoryStatusResponse:
+        if request.name:
+            raise ModelNotFoundError(f"unable to find system shared memory region: '{request.name}'")
+        return pb.SystemSharedMemoryStatusResponse()
+
+    def _cuda_shm_status(self, request: pb.CudaSharedMemoryStatusRequest) -> pb.CudaSharedMemoryStatusResponse:
+        if request.name:
+            raise ModelNotFoundError(f"unable to find cuda shared memory region: '{request.name}'")
+        return pb.CudaSharedMemoryStatusResponse()
+
+    def _shm_register(self, request: Any) -> Any:
+        raise UnsupportedError("shared memory regions are not supported by this server; send tensors in the request")
+
+    # No region is ever registered, so unregistering (one or all) leaves things as the client asked.
+    def _system_shm_unregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    def _cuda_shm_unregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    def _trace_setting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
+        if request.settings:
+            raise UnsupportedError("tracing is not supported by this server; its settings cannot be changed")
+        response = pb.TraceSettingResponse()
+        for key, value in (("trace_level", "OFF"), ("trace_rate", "1000"), ("trace_count", "-1")):
+            response.settings[key].value.append(value)
+        return response
+
+    def _log_settings(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
+        if request.settings:
+            raise UnsupportedError(
+                "log settings cannot be changed at run time; set ServeConfig.log_level (PYSERVE_LOG_LEVEL)"
+            )
+        level = self.config.log_level.upper()
+        rank = _LOG_LEVELS.index(level) if level in _LOG_LEVELS else 2
+        response = pb.LogSettingsResponse()
+        response.settings["log_file"].string_param = ""
+        response.settings["log_info"].bool_param = rank <= 1
+        response.settings["log_warning"].bool_param = rank <= 2
+        response.settings["log_error"].bool_param = rank <= 3
+        response.settings["log_verbose_level"].uint32_param = 1 if rank == 0 else 0
+        response.settings["log_format"].string_param = "default"
+        return response
+
+    # infer ------------------------------------------------------------------------------------------------------
+
+    async def _model_infer(self, data: bytes, context: Context) -> bytes:
+        try:
+            message, raw = parse_infer_request(data)
+            entry, call = decode_infer_call(message, raw, self.core.registry)
+            if entry.spec.config.decoupled:
+                raise UnsupportedError(
+                    f"model '{entry.name}' is decoupled (streaming): use ModelStreamInfer to receive its responses"
+                )
+            future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+            def on_response(infer: InferenceRequest, response: InferenceResponse) -> None:
+                # Output buffers are only valid during this callback: encode (copy) them now.
+                if future.done():
+                    return
+                if response.error is not None:
+                    future.set_exception(response.error)
+                    return
+                try:
+                    future.set_result(infer_response_bytes(entry, call.id, response.outputs, response.parameters))
+                except Exception as exc:
+                    logger.exception("could not encode the response of request %r", call.id)
+                    future.set_exception(InferenceError(f"could not encode the response: {exc}"))
+
+            request = build_request(entry, call, on_response)
+            self.core.submit(request)
+        except InferenceError as exc:
+            await context.abort(_status(exc), str(exc))
+        except Exception as exc:
+            logger.exception("unexpected error handling ModelInfer")
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal server error: {exc}")
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.core.cancel(request)
+            raise
+        except InferenceError as exc:
+            await context.abort(_status(exc), str(exc))
+        raise AssertionError("unreachable")  # abort() raises
+
+    async def _model_stream_infer(self, requests: AsyncIterator[bytes], context: Context) -> None:
+        stream = _Stream(self)
+        reader = asyncio.get_running_loop().create_task(stream.read(requests))
+        try:
+            while True:
+                item = await stream.queue.get()
+                if item is None:
+                    break
+                await context.write(item)
+        finally:
+            reader.cancel()
+            stream.close()
+
+
+class _Stream:
+    """One ModelStreamInfer call: requests read as they come, responses queued as the core produces them."""
+
+    def __init__(self, frontend: GrpcFrontend) -> None:
+        self.frontend = frontend
+        self.core = frontend.core
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.in_flight: set[InferenceRequest] = set()
+        self.reading = True
+        self.closed = False
+
+    async def read(self, requests: AsyncIterator[bytes]) -> None:
+        """Submit every request of the stream; when the client is done sending, end once all are answered."""
+        try:
+            async for data in requests:
+                self._submit(data)
+        finally:
+            self.reading = False
+            if not self.in_flight:
+                self.queue.put_nowait(None)
+
+    def _submit(self, data: bytes) -> None:
+        message: pb.ModelInferRequest | None = None
+        try:
+            message, raw = parse_infer_request(data)
+            entry, call = decode_infer_call(message, raw, self.core.registry)
+        except InferenceError as exc:
+            self.queue.put_nowait(stream_flag_bytes(message or pb.ModelInferRequest(), str(exc)))
+            return
+        except Exception as exc:
+            logger.exception("unexpected error decoding a stream request")
+            self.queue.put_nowait(stream_flag_bytes(message or pb.ModelInferRequest(), f"internal error: {exc}"))
+            return
+        decoupled = entry.spec.config.decoupled
+        empty_final = call.wants_empty_final_response
+
+        def on_response(infer: InferenceRequest, response: InferenceResponse) -> None:
+            if self.closed:
+                return
+            if response.final:
+                self.in_flight.discard(infer)
+            try:
+                if response.error is not None:
+                    self.queue.put_nowait(stream_flag_bytes(message, str(response.error)))
+                elif response.final and decoupled and not response.outputs:
+                    # A decoupled model's last message only says "done": sent when the client asked for it.
+                    if empty_final:
+                        self.queue.put_nowait(stream_flag_bytes(message))
+                else:
+                    self.queue.put_nowait(
+                        stream_response_bytes(entry, call.id, response.outputs, response.final, response.parameters)
+                    )
+            except Exception as exc:
+                logger.exception("could not encode a stream response of request %r", call.id)
+                self.queue.put_nowait(stream_flag_bytes(message, f"could not encode the response: {exc}"))
+            if not self.reading and not self.in_flight:
+                self.queue.put_nowait(None)
+
+        request = build_request(entry, call, on_response)
+        try:
+            self.core.submit(request)
+        except InferenceError as exc:
+            self.queue.put_nowait(stream_flag_bytes(message, str(exc)))
+            return
+        if not request.done:  # a request refused at once (a full queue) was answered inside submit()
+            self.in_flight.add(request)
+
+    def close(self) -> None:
+        """The call ended (finished, cancelled or the client went away): cancel what is still running."""
+        self.closed = True
+        for request in self.in_flight:
+            self.core.cancel(request)
+        self.in_flight.clear()
+
+
+async def start_grpc_server(core: CoreServer, config: ServeConfig) -> tuple[GrpcFrontend, int]:
+    """Start the gRPC front end of ``core``; returns it and the bound port."""
+    frontend = GrpcFrontend(core, config)
+    port = await frontend.start()
+    return frontend, port

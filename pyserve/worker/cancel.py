@@ -1,0 +1,93 @@
+"""Cancellation flags of running requests, set from the core while the infer function runs.
+
+The core publishes ``{"b": batch_id, "i": [request indexes]}`` on a PUB socket; one listener thread per worker
+process (shared by its instances) subscribes and sets the ``threading.Event`` each running request carries as
+``Request.is_cancelled``. A separate thread is needed because an instance's own socket is not read while its
+function runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import zmq
+
+from pyserve.transport.messages import unpack_header
+
+logger = logging.getLogger(__name__)
+
+_POLL_MS = 100
+
+
+class CancelListener:
+    """Sets the cancel flags of registered batches when the core says so."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._lock = threading.Lock()
+        self._batches: dict[int, list[threading.Event]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pyserve-cancel", daemon=True)
+        self._thread.start()
+
+    def register(self, batch_id: int, flags: list[threading.Event]) -> None:
+        """Track the flags of a batch about to run."""
+        with self._lock:
+            self._batches[batch_id] = flags
+
+    def unregister(self, batch_id: int) -> None:
+        """The batch finished: forget its flags."""
+        with self._lock:
+            self._batches.pop(batch_id, None)
+
+    def close(self) -> None:
+        """Stop the listener thread."""
+        self._stop.set()
+        self._thread.join(2)
+
+    def _run(self) -> None:
+        socket: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.SUB)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SUBSCRIBE, b"")
+        try:
+            socket.connect(self.address)
+            while not self._stop.is_set():
+                if not socket.poll(_POLL_MS):
+                    continue
+                message = unpack_header(socket.recv())
+                with self._lock:
+                    flags = self._batches.get(message["b"])
+                    if flags is not None:
+                        for index in message["i"]:
+                            if 0 <= index < len(flags):
+                                flags[index].set()
+        except zmq.ZMQError as exc:
+            if not self._stop.is_set():
+                logger.warning("cancel listener for %s stopped: %s", self.address, exc)
+        finally:
+            socket.close(linger=0)
+
+
+_listeners: dict[str, CancelListener] = {}
+_listeners_lock = threading.Lock()
+
+
+def cancel_listener(address: str) -> CancelListener:
+    """The process-wide listener for a core's cancel address (started on first use)."""
+    with _listeners_lock:
+        listener = _listeners.get(address)
+        if listener is None:
+            listener = _listeners[address] = CancelListener(address)
+        return listener
+
+
+def close_listeners(address: str | None = None) -> None:
+    """Stop the listener of one core (or all of them)."""
+    with _listeners_lock:
+        addresses = [address] if address is not None else list(_listeners)
+        for key in addresses:
+            listener = _listeners.pop(key, None)
+            if listener is not None:
+                listener.close()

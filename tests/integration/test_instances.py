@@ -1,0 +1,230 @@
+"""Instances: process workers, placement, crash and restart, setup(device), cancellation of running requests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import orjson
+import pytest
+import tritonclient.http as triton_http
+
+from pyserve import ModelConfig, Request, Serve, ServeConfig, Tensor
+from pyserve.errors import ConfigError, ServerError
+
+pytestmark = pytest.mark.integration
+
+FP32_IN = [Tensor("INPUT0", np.float32, (-1,))]
+INFO_OUT = [Tensor("PID", np.int64, (1,)), Tensor("DEVICE", bytes, (1,)), Tensor("VISIBLE", bytes, (1,))]
+
+
+class WhereAmI:
+    """Reports the process it runs in, the device setup() got and CUDA_VISIBLE_DEVICES; sleeps on request."""
+
+    def setup(self, device: str) -> None:
+        self.device = device
+
+    def __call__(self, requests: list[Request]) -> list[dict[str, np.ndarray]]:
+        outputs = []
+        for request in requests:
+            rows = request["INPUT0"].shape[0]
+            seconds = float(request["INPUT0"].max()) if request["INPUT0"].size else 0.0
+            if seconds > 0:
+                time.sleep(min(seconds, 10.0))
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+            outputs.append(
+                {
+                    "PID": np.full((rows, 1), os.getpid(), dtype=np.int64),
+                    "DEVICE": np.array([[self.device.encode()]] * rows, dtype=object),
+                    "VISIBLE": np.array([[visible.encode()]] * rows, dtype=object),
+                }
+            )
+        return outputs
+
+
+class FailsToLoad:
+    def setup(self, device: str) -> None:
+        raise RuntimeError("weights file is corrupt")
+
+    def __call__(self, requests: list[Request]) -> list[dict[str, np.ndarray]]:
+        return []
+
+
+def where(server: Serve, model: str, sleep_s: float = 0.0) -> dict[str, object]:
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{server.http_port}", network_timeout=30)
+    try:
+        tensor = triton_http.InferInput("INPUT0", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.array([[sleep_s]], dtype=np.float32))
+        result = client.infer(model, [tensor])
+        return {
+            "pid": int(result.as_numpy("PID")[0, 0]),
+            "device": result.as_numpy("DEVICE")[0, 0].decode(),
+            "visible": result.as_numpy("VISIBLE")[0, 0].decode(),
+        }
+    finally:
+        client.close()
+
+
+def index_entry(server: Serve, model: str) -> dict[str, object]:
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{server.http_port}")
+    try:
+        return next(e for e in client.get_model_repository_index() if e["name"] == model)
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Serve]:
+    with Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0)) as serve:
+        serve.bind(
+            "process_pair",
+            WhereAmI,
+            FP32_IN,
+            INFO_OUT,
+            ModelConfig(max_batch_size=4, instances=2, worker="process", devices=("cuda:0", "cuda:1")),
+        )
+        serve.bind(
+            "thread_devices",
+            [WhereAmI(), WhereAmI()],
+            FP32_IN,
+            INFO_OUT,
+            ModelConfig(max_batch_size=4, devices=("cuda:1", "cpu")),
+        )
+        yield serve
+
+
+def test_process_instances_run_in_their_own_processes_on_their_own_device(server: Serve) -> None:
+    seen = {}
+    deadline = time.monotonic() + 10
+    while len(seen) < 2 and time.monotonic() < deadline:
+        info = where(server, "process_pair")
+        seen[info["pid"]] = info
+    assert len(seen) == 2, "requests never reached both process instances"
+    assert os.getpid() not in seen
+    # Round-robin placement: each process sees only its GPU, which it knows as cuda:0.
+    assert sorted(info["visible"] for info in seen.values()) == ["0", "1"]
+    assert {info["device"] for info in seen.values()} == {"cuda:0"}
+
+
+def test_thread_instances_get_their_device_string(server: Serve) -> None:
+    devices = set()
+    deadline = time.monotonic() + 10
+    while len(devices) < 2 and time.monotonic() < deadline:
+        info = where(server, "thread_devices")
+        assert info["pid"] == os.getpid()
+        devices.add(info["device"])
+    assert devices == {"cuda:1", "cpu"}
+
+
+def test_a_killed_process_fails_only_its_request_and_is_restarted(server: Serve) -> None:
+    outcome: dict[str, object] = {}
+
+    def slow_call() -> None:
+        try:
+            outcome["result"] = where(server, "process_pair", sleep_s=5.0)
+        except triton_http.InferenceServerException as exc:
+            outcome["error"] = str(exc)
+
+    caller = threading.Thread(target=slow_call)
+    caller.start()
+    # Find the busy instance: the other one answers quick requests meanwhile.
+    time.sleep(0.5)
+    idle_pid = where(server, "process_pair")["pid"]
+    core_pid = server._process.pid if server._process is not None else -1
+    pids = {p for p in _worker_processes(core_pid) if p != idle_pid}
+    assert pids, "no busy worker process found"
+    busy_pid = pids.pop()
+    os.kill(busy_pid, signal.SIGKILL)
+    caller.join(30)
+    error = str(outcome.get("error"))
+    assert "process_pair" in error and "died" in error and "SIGKILL" in error, outcome
+    assert "instance" in error
+    # The model stays ready on the surviving instance.
+    assert where(server, "process_pair")["pid"] == idle_pid
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        entry = index_entry(server, "process_pair")
+        if entry["instances"] == {"configured": 2, "live": 2}:
+            break
+        time.sleep(0.1)
+    assert index_entry(server, "process_pair")["instances"] == {"configured": 2, "live": 2}
+    assert busy_pid not in _worker_processes(core_pid)
+
+
+def _worker_processes(core_pid: int) -> set[int]:
+    """Live worker processes whose parent is this server's core."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                command = handle.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                state, parent = handle.read().rsplit(b")", 1)[1].split()[:2]
+        except OSError:
+            continue
+        if b"pyserve.worker" in command and state != b"Z" and int(parent) == core_pid:
+            pids.add(int(entry))
+    return pids
+
+
+def test_setup_failure_in_a_process_fails_bind_with_the_reason(server: Serve) -> None:
+    with pytest.raises(ServerError, match="exited before it was ready"):
+        server.bind("broken", FailsToLoad, FP32_IN, INFO_OUT, ModelConfig(max_batch_size=4, worker="process"))
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{server.http_port}")
+    assert not client.is_model_ready("broken")
+    client.close()
+
+
+def test_an_unpicklable_function_is_refused_with_the_factory_hint() -> None:
+    lock = threading.Lock()
+
+    def uses_a_lock(requests: list[Request]) -> list[dict[str, np.ndarray]]:
+        with lock:
+            return []
+
+    with pytest.raises(ConfigError, match=r"cannot be pickled.*setup\(device\)"):
+        Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0)).bind(
+            "locked", uses_a_lock, FP32_IN, INFO_OUT, ModelConfig(max_batch_size=4, worker="process")
+        )
+
+
+observed_cancel = threading.Event()
+started = threading.Event()
+
+
+def wait_for_cancel(requests: list[Request]) -> list[dict[str, np.ndarray]]:
+    started.set()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if all(request.is_cancelled for request in requests):
+            observed_cancel.set()
+            break
+        time.sleep(0.005)
+    return [{"OUTPUT0": request["INPUT0"]} for request in requests]
+
+
+def test_a_running_request_sees_its_client_go_away() -> None:
+    with Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0)) as serve:
+        serve.bind(
+            "cancellable",
+            wait_for_cancel,
+            FP32_IN,
+            [Tensor("OUTPUT0", np.float32, (-1,))],
+            ModelConfig(max_batch_size=4),
+        )
+        body = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}]})
+        with socket.create_connection(("127.0.0.1", serve.http_port), timeout=10) as conn:
+            conn.sendall(
+                b"POST /v2/models/cancellable/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+                + body
+            )
+            assert started.wait(10)
+        # The connection is closed while the function runs: its request's flag must go up.
+        assert observed_cancel.wait(5), "the running function never saw Request.is_cancelled"
