@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ def test_committed_stubs_match_a_fresh_generation(repo_root: Path, tmp_path: Pat
         text=True,
         timeout=120,
         check=False,
+        env={**os.environ, "PYTHON": sys.executable},  # the interpreter that has grpcio-tools
     )
     assert run.returncode == 0, run.stdout + run.stderr
     generated = sorted(p.relative_to(tmp_path) for p in (tmp_path / PROTOCOL).glob("*_pb2*"))
