@@ -12,19 +12,19 @@ from pyserve._version import __version__
 from pyserve.config import ServeConfig
 from pyserve.serve import Serve
 
+_SERVER_OPTIONS = ("host", "http_port", "grpc_port", "metrics_port", "log_level")
+
 
 def _add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="bind address (default 127.0.0.1; 0.0.0.0 to listen on all interfaces)")
     parser.add_argument("--http-port", type=int, help="HTTP port (default 8000; 0 picks a free one)")
+    parser.add_argument("--grpc-port", type=int, help="gRPC port (default 8001; 0 picks a free one)")
+    parser.add_argument("--metrics-port", type=int, help="Prometheus metrics port (default 8002; 0 picks a free one)")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING (default) or ERROR")
 
 
 def _serve_config(args: argparse.Namespace) -> ServeConfig:
-    overrides = {
-        key: value
-        for key, value in (("host", args.host), ("http_port", args.http_port), ("log_level", args.log_level))
-        if value is not None
-    }
+    overrides = {key: getattr(args, key) for key in _SERVER_OPTIONS if getattr(args, key) is not None}
     return ServeConfig.from_env(**overrides)
 
 
@@ -34,7 +34,8 @@ def _demo(args: argparse.Namespace) -> int:
     server = Serve(_serve_config(args))
     names = bind_demo_models(server)
     server.run()
-    print(usage_text(server.url, names), flush=True)
+    grpc_address = f"{server.config.host}:{server.grpc_port}" if server.grpc_port else ""
+    print(usage_text(server.url, names, grpc_address), flush=True)
     server.serve()
     return 0
 
@@ -47,9 +48,8 @@ def _serve(args: argparse.Namespace) -> int:
     if not isinstance(target, Serve):
         print(f"pyserve: {args.target} is not a pyserve.Serve object", file=sys.stderr)
         return 2
-    overrides = _serve_config(args)
-    if any(v is not None for v in (args.host, args.http_port, args.log_level)):
-        target.config = overrides
+    if any(getattr(args, key) is not None for key in _SERVER_OPTIONS):
+        target.config = _serve_config(args)
     target.run()
     print(f"pyserve is serving on {target.url}", flush=True)
     target.serve()

@@ -74,12 +74,13 @@ def bind_demo_models(server: Serve) -> list[str]:
     return names
 
 
-def usage_text(url: str, names: list[str]) -> str:
+def usage_text(url: str, names: list[str], grpc_address: str = "") -> str:
     """What the demo prints once it serves: endpoints and ready-to-paste client examples."""
     host_port = url.removeprefix("http://")
     return f"""pyserve demo is serving on {url}
   models: {", ".join(names)}
   health: {url}/v2/health/ready    metadata: {url}/v2/models/add_sub    stats: {url}/v2/models/stats
+  gRPC (KServe v2 / Triton): {grpc_address or "off"}
 
 Try it with curl:
   curl -s -X POST {url}/v2/models/add_sub/infer -H 'Content-Type: application/json' \\

@@ -159,7 +159,7 @@ def test_concurrent_requests_are_batched_by_rows(tcp_server: Serve) -> None:
 
 def test_demo_cli_serves_and_stops_on_ctrl_c() -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "pyserve.cli", "demo", "--http-port", "0"],
+        [sys.executable, "-m", "pyserve.cli", "demo", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
