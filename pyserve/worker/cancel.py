@@ -70,24 +70,28 @@ class CancelListener:
             socket.close(linger=0)
 
 
-_listeners: dict[str, CancelListener] = {}
+_listeners: dict[str, tuple[CancelListener, int]] = {}
 _listeners_lock = threading.Lock()
 
 
-def cancel_listener(address: str) -> CancelListener:
-    """The process-wide listener for a core's cancel address (started on first use)."""
+def acquire_listener(address: str) -> CancelListener:
+    """The process-wide listener for a core's cancel address, started on first use and shared by instances."""
     with _listeners_lock:
-        listener = _listeners.get(address)
+        listener, users = _listeners.get(address, (None, 0))
         if listener is None:
-            listener = _listeners[address] = CancelListener(address)
+            listener = CancelListener(address)
+        _listeners[address] = (listener, users + 1)
         return listener
 
 
-def close_listeners(address: str | None = None) -> None:
-    """Stop the listener of one core (or all of them)."""
+def release_listener(address: str) -> None:
+    """An instance stopped: the last one to go stops the listener."""
     with _listeners_lock:
-        addresses = [address] if address is not None else list(_listeners)
-        for key in addresses:
-            listener = _listeners.pop(key, None)
-            if listener is not None:
-                listener.close()
+        listener, users = _listeners.get(address, (None, 0))
+        if listener is None:
+            return
+        if users > 1:
+            _listeners[address] = (listener, users - 1)
+            return
+        del _listeners[address]
+    listener.close()

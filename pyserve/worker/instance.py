@@ -26,7 +26,7 @@ from pyserve.errors import InferenceError, ModelExecutionError, OutputMismatchEr
 from pyserve.request import ModelContext, Request, RequestBatch, reset_current_model, set_current_model
 from pyserve.transport.messages import FrameWriter, array_from_buffer, pack_header, read_buffer, unpack_header
 from pyserve.transport.shm import ShmPool, ShmReader
-from pyserve.worker.cancel import CancelListener, cancel_listener
+from pyserve.worker.cancel import CancelListener, acquire_listener, release_listener
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class InstanceRunner:
                         pool.release(name)
                 elif kind == "welcome":
                     if header.get("cancel"):
-                        self._cancel = cancel_listener(header["cancel"])
+                        self._cancel = acquire_listener(header["cancel"])
                     ready_sent = True
                     on_ready(None)
                 elif kind == "refused":
@@ -133,6 +133,9 @@ class InstanceRunner:
         finally:
             if not ready_sent:
                 on_ready("the instance stopped before the core accepted it")
+            if self._cancel is not None:
+                release_listener(self._cancel.address)
+                self._cancel = None
             if self._loop is not None:
                 self._loop.close()
             socket.close(linger=0)
