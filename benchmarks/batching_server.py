@@ -99,8 +99,8 @@ def serve_pyserve(http_port: int, grpc_port: int, metrics_port: int, loop_iterat
         )
         for worker in ("process", "thread"):
             for instances in (1, 2):
-                config = ModelConfig(max_batch_size=0, instances=instances, worker=worker)
-                server.bind(f"cpu_loop_{worker}_{instances}", cpu_loop, inputs, outputs, config)
+                unbatched = ModelConfig(max_batch_size=0, instances=instances, worker=worker)
+                server.bind(f"cpu_loop_{worker}_{instances}", cpu_loop, inputs, outputs, unbatched)
         server.bind(
             "identity_batcher", batch(identity), inputs, outputs, ModelConfig(max_batch_size=IDENTITY_MAX_BATCH)
         )

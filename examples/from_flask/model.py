@@ -52,7 +52,7 @@ def preprocess(features: np.ndarray) -> np.ndarray:
 def forward(x: np.ndarray) -> np.ndarray:
     """The MLP: 256 -> 512 (ReLU) -> 10 logits, for every row at once."""
     hidden = np.maximum(x @ WEIGHTS.w1 + WEIGHTS.b1, 0.0)
-    return hidden @ WEIGHTS.w2 + WEIGHTS.b2  # type: ignore[no-any-return]
+    return hidden @ WEIGHTS.w2 + WEIGHTS.b2
 
 
 def postprocess(logits: np.ndarray) -> tuple[list[str], np.ndarray]:

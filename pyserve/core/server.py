@@ -427,6 +427,13 @@ class CoreServer:
         entry = pending.entry
         stats = entry.stats
         now = time.monotonic_ns()
+        if final:
+            for name in pending.slots:
+                self._pool.release(name)
+            # Hand the instance its next batch before answering this one: the worker computes while we encode.
+            scheduler = entry.scheduler
+            if scheduler is not None and pending.instance.identity in self._instances:
+                scheduler.instance_done(pending.instance)
         error = header.get("err")
         if error is not None:
             exc = error_from_kind(error[0], error[1])
@@ -458,12 +465,6 @@ class CoreServer:
                     success.add(now - request.arrival_ns)
             if header["s"]:
                 self._send(pending.instance.identity, {"t": "free", "slots": header["s"]})
-        if final:
-            for name in pending.slots:
-                self._pool.release(name)
-            scheduler = entry.scheduler
-            if scheduler is not None and pending.instance.identity in self._instances:
-                scheduler.instance_done(pending.instance)
 
     def _respond(self, request: InferenceRequest, response: InferenceResponse) -> None:
         if request.done:
