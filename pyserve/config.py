@@ -82,7 +82,7 @@ def _enum_value(kind: type[_E], value: Any, field: str) -> _E:
 class QueuePolicy:
     """Triton's ModelQueuePolicy: timeout behaviour and queue bound of one priority level."""
 
-    timeout_action: TimeoutAction = TimeoutAction.REJECT
+    timeout_action: TimeoutAction | str = TimeoutAction.REJECT
     default_timeout_microseconds: int = 0
     allow_timeout_override: bool = False
     max_queue_size: int = 0
@@ -144,7 +144,7 @@ class ModelConfig:
     decoupled: bool = False
     instances: int = 1
     devices: tuple[str, ...] = ()
-    worker: WorkerKind = WorkerKind.THREAD
+    worker: WorkerKind | str = WorkerKind.THREAD
     response_cache: bool = False
     parameters: dict[str, str] = dataclasses.field(default_factory=dict)
 
@@ -211,7 +211,7 @@ class ModelSpec:
             "decoupled": cfg.decoupled,
             "instances": cfg.instances,
             "devices": list(cfg.devices),
-            "worker": cfg.worker.value,
+            "worker": WorkerKind(cfg.worker).value,
             "response_cache": cfg.response_cache,
             "parameters": dict(cfg.parameters),
         }
@@ -242,7 +242,7 @@ class ModelSpec:
 
 def _policy_to_wire(policy: QueuePolicy) -> list[Any]:
     return [
-        policy.timeout_action.value,
+        TimeoutAction(policy.timeout_action).value,
         policy.default_timeout_microseconds,
         policy.allow_timeout_override,
         policy.max_queue_size,
