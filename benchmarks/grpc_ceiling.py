@@ -1,0 +1,167 @@
+"""What Python's gRPC stack alone can carry here: a bare grpc.aio ModelInfer echo (no model, no worker hop).
+
+Run from the repository root: ``.venv/bin/python benchmarks/grpc_ceiling.py [--concurrency 1,16] [--shape 16]``.
+It serves just enough of ``inference.GRPCInferenceService`` for perf_analyzer (metadata, config, ready, an infer
+that echoes its raw input) with pyserve's generated stubs on uvloop, measures it with perf_analyzer over gRPC,
+then measures pyserve's gRPC identity model the same way, and prints both with the ratio: the share of the
+ceiling pyserve reaches. Compare with bench_grpc.py's PyTriton column to see whether a target is reachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from _common import PerfRun, run_perf_analyzer
+from bench_http import MODEL_NAME, find_perf_analyzer, free_ports, pyserve_spec, running_server
+
+
+async def serve_echo(port: int) -> None:
+    """The bare servicer: every RPC perf_analyzer needs, nothing else."""
+    import grpc
+    from google.protobuf import json_format
+
+    from pyserve.frontends.protocol import grpc_service_pb2 as pb
+
+    config = {
+        "name": MODEL_NAME,
+        "max_batch_size": 64,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+    }
+    metadata = pb.ModelMetadataResponse(
+        name=MODEL_NAME,
+        versions=["1"],
+        platform="python",
+        inputs=[pb.ModelMetadataResponse.TensorMetadata(name="INPUT0", datatype="FP32", shape=[-1, -1])],
+        outputs=[pb.ModelMetadataResponse.TensorMetadata(name="OUTPUT0", datatype="FP32", shape=[-1, -1])],
+    )
+    config_response = pb.ModelConfigResponse()
+    json_format.ParseDict({"config": config}, config_response)
+
+    async def infer(request: pb.ModelInferRequest, context: object) -> pb.ModelInferResponse:
+        tensor = request.inputs[0]
+        return pb.ModelInferResponse(
+            model_name=request.model_name,
+            model_version="1",
+            outputs=[pb.ModelInferResponse.InferOutputTensor(name="OUTPUT0", datatype="FP32", shape=tensor.shape)],
+            raw_output_contents=[request.raw_input_contents[0]],
+        )
+
+    def unary(handler: object, request_type: type, response_type: type) -> grpc.RpcMethodHandler:
+        return grpc.unary_unary_rpc_method_handler(
+            handler, request_deserializer=request_type.FromString, response_serializer=response_type.SerializeToString
+        )
+
+    def constant(response: object) -> object:
+        async def handler(request: object, context: object) -> object:
+            return response
+
+        return handler
+
+    handlers = {
+        "ServerLive": unary(constant(pb.ServerLiveResponse(live=True)), pb.ServerLiveRequest, pb.ServerLiveResponse),
+        "ServerReady": unary(
+            constant(pb.ServerReadyResponse(ready=True)), pb.ServerReadyRequest, pb.ServerReadyResponse
+        ),
+        "ModelReady": unary(constant(pb.ModelReadyResponse(ready=True)), pb.ModelReadyRequest, pb.ModelReadyResponse),
+        "ModelMetadata": unary(constant(metadata), pb.ModelMetadataRequest, pb.ModelMetadataResponse),
+        "ServerMetadata": unary(
+            constant(pb.ServerMetadataResponse(name="echo", version="0")),
+            pb.ServerMetadataRequest,
+            pb.ServerMetadataResponse,
+        ),
+        "ModelStatistics": unary(
+            constant(pb.ModelStatisticsResponse()), pb.ModelStatisticsRequest, pb.ModelStatisticsResponse
+        ),
+        "ModelConfig": unary(constant(config_response), pb.ModelConfigRequest, pb.ModelConfigResponse),
+        "ModelInfer": unary(infer, pb.ModelInferRequest, pb.ModelInferResponse),
+    }
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("inference.GRPCInferenceService", handlers),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+@contextlib.contextmanager
+def echo_server(port: int) -> Iterator[None]:
+    """The echo server in a child process (this script with --serve-echo), stopped on exit."""
+    process = subprocess.Popen([sys.executable, __file__, "--serve-echo", str(port)])
+    try:
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(Exception):
+                if client.is_model_ready(MODEL_NAME):
+                    break
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError("the echo server did not start")
+            time.sleep(0.1)
+        client.close()
+        yield
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", default="1,16")
+    parser.add_argument("--shape", type=int, default=16)
+    parser.add_argument("--duration-ms", type=int, default=2000)
+    parser.add_argument("--perf-analyzer", default=None)
+    parser.add_argument("--serve-echo", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_echo is not None:
+        import uvloop
+
+        uvloop.run(serve_echo(args.serve_echo))
+        return 0
+    perf_analyzer = find_perf_analyzer(args.perf_analyzer)
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    results: dict[str, dict[int, tuple[float, float]]] = {}
+
+    def measure(name: str, url: str) -> None:
+        results[name] = {}
+        for concurrency in concurrencies:
+            run = PerfRun(
+                MODEL_NAME, (f"INPUT0:{args.shape}",), concurrency, window_ms=args.duration_ms, protocol="grpc"
+            )
+            m = run_perf_analyzer(perf_analyzer, url, run)
+            results[name][concurrency] = (m.throughput, m.p50_us)
+            print(
+                f"  {name} c{concurrency}: {m.throughput:.0f} infer/s, p50 {m.p50_us:.0f} us {m.error or ''}",
+                flush=True,
+            )
+
+    (port,) = free_ports(1)
+    with echo_server(port):
+        measure("bare grpc.aio echo", f"127.0.0.1:{port}")
+    spec = pyserve_spec()
+    with running_server(spec, Path("/dev/null")):
+        measure("pyserve", f"127.0.0.1:{spec.grpc_port}")
+    print(f"\ngRPC, {args.shape} floats: pyserve as a share of the bare grpc.aio echo")
+    for concurrency in concurrencies:
+        bare, ours = results["bare grpc.aio echo"][concurrency], results["pyserve"][concurrency]
+        share = ours[0] / bare[0] if bare[0] else 0.0
+        print(
+            f"  c{concurrency:<3} echo {bare[0]:>8.0f}/s p50 {bare[1]:>6.0f} us | pyserve {ours[0]:>8.0f}/s "
+            f"p50 {ours[1]:>6.0f} us | {share:.2f}x of the ceiling"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
