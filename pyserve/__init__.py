@@ -1,6 +1,7 @@
 """pyserve: serve Python functions over the KServe v2 / Triton protocol, with dynamic batching."""
 
 from pyserve._version import __version__
+from pyserve.bls import ainfer, ainfer_stream, infer, infer_stream
 from pyserve.config import DynamicBatcher, ModelConfig, QueuePolicy, ServeConfig, Tensor, TimeoutAction
 from pyserve.decorators import (
     ConstantPadder,
@@ -12,6 +13,7 @@ from pyserve.decorators import (
     pad_batch,
     sample,
 )
+from pyserve.ensemble import Step
 from pyserve.errors import PyServeError
 from pyserve.request import ModelContext, Request, RequestBatch, current_model
 from pyserve.serve import Serve
@@ -27,15 +29,20 @@ __all__ = [
     "RequestBatch",
     "Serve",
     "ServeConfig",
+    "Step",
     "Tensor",
     "TimeoutAction",
     "__version__",
+    "ainfer",
+    "ainfer_stream",
     "batch",
     "current_model",
     "fill_optionals",
     "first_value",
     "group_by_keys",
     "group_by_values",
+    "infer",
+    "infer_stream",
     "pad_batch",
     "sample",
 ]

@@ -159,6 +159,13 @@ class ModelConfig:
             too_big = [s for s in self.batcher.preferred_batch_size if s > self.max_batch_size]
             if too_big:
                 raise ConfigError(f"preferred_batch_size {too_big} exceeds max_batch_size {self.max_batch_size}")
+        if self.max_batch_size == 0 and self.batcher is not None and self.batcher != DynamicBatcher():
+            # Settings that could never apply are refused rather than silently ignored.
+            raise ConfigError(
+                "DynamicBatcher settings need a batching model: with max_batch_size=0 requests have no batch "
+                "dimension and are never merged, queued by priority or timed out; set max_batch_size > 0, or "
+                "batcher=None"
+            )
 
     @property
     def dynamic_batching(self) -> bool:
@@ -280,6 +287,13 @@ class ServeConfig:
     """Server-wide settings. Every field can be overridden by the environment variable ``PYSERVE_<FIELD>``.
 
     Ports of 0 pick a free port; the chosen ports are on ``Serve.http_port`` etc. once running.
+
+    Observability (docs/monitoring.md): ``metrics_summaries`` adds Triton's latency summaries (quantiles over
+    the last minute) and ``metrics_histograms`` the latency histograms, both observed per request;
+    ``response_cache_bytes`` bounds the response cache shared by models bound with ``response_cache=True``
+    (0 turns it off); ``trace_level`` (OFF or TIMESTAMPS), ``trace_rate`` (trace one request in N) and
+    ``trace_file`` (spans as JSON lines, beside the OTEL_* exporter) set up OpenTelemetry tracing;
+    ``log_format`` is ``default``, ``ISO8601`` or ``json``.
     """
 
     host: str = "127.0.0.1"
@@ -293,6 +307,13 @@ class ServeConfig:
     transport: str = "ipc"
     startup_timeout_s: float = 30.0
     model_load_timeout_s: float = 300.0
+    metrics_summaries: bool = False
+    metrics_histograms: bool = False
+    response_cache_bytes: int = 0
+    trace_level: str = "OFF"
+    trace_rate: int = 1000
+    trace_file: str = ""
+    log_format: str = "default"
 
     def __post_init__(self) -> None:
         if self.transport not in ("ipc", "tcp"):
@@ -303,6 +324,14 @@ class ServeConfig:
                 raise ConfigError(f"{name} must be in 0..65535, got {port}")
         if self.max_request_bytes <= 0:
             raise ConfigError("max_request_bytes must be > 0")
+        if self.response_cache_bytes < 0:
+            raise ConfigError(f"response_cache_bytes must be >= 0, got {self.response_cache_bytes}")
+        if self.trace_level not in ("OFF", "TIMESTAMPS"):
+            raise ConfigError(f"trace_level must be 'OFF' or 'TIMESTAMPS', got {self.trace_level!r}")
+        if self.trace_rate < 1:
+            raise ConfigError(f"trace_rate must be >= 1, got {self.trace_rate}")
+        if self.log_format not in ("default", "ISO8601", "json"):
+            raise ConfigError(f"log_format must be 'default', 'ISO8601' or 'json', got {self.log_format!r}")
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ServeConfig:
@@ -313,11 +342,21 @@ class ServeConfig:
             if raw is not None:
                 kind: type[Any] = type(field.default)
                 try:
-                    values[field.name] = kind(raw)
+                    values[field.name] = _parse_bool(raw) if kind is bool else kind(raw)
                 except ValueError as exc:
                     raise ConfigError(f"PYSERVE_{field.name.upper()}={raw!r}: expected {kind.__name__}") from exc
         values.update(overrides)
         return cls(**values)
+
+
+def _parse_bool(raw: str) -> bool:
+    # bool("false") is True: environment flags need their words read.
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(raw)
 
 
 def as_tensors(tensors: Sequence[Tensor], kind: str) -> tuple[Tensor, ...]:

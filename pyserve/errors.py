@@ -15,7 +15,8 @@ PyServeError
 │   ├── UnsupportedError         501 / UNIMPLEMENTED: valid request this server cannot serve
 │   ├── ModelExecutionError      500 / INTERNAL: the user's function raised (message + traceback)
 │   │   └── OutputMismatchError  500 / INTERNAL: strict model returned a wrong output
-│   └── WorkerDiedError          500 / INTERNAL: the instance running the request died
+│   ├── WorkerDiedError          500 / INTERNAL: the instance running the request died
+│   └── DeadlockError            500 / INTERNAL: a BLS call could never run (it waits on its own caller)
 └── ClientError              raised by pyserve's own clients
 """
 
@@ -119,6 +120,13 @@ class WorkerDiedError(InferenceError):
     grpc_code = "INTERNAL"
 
 
+class DeadlockError(InferenceError):
+    """A BLS call (or an ensemble step it leads to) could only run on an instance waiting for it to finish."""
+
+    http_status = 500
+    grpc_code = "INTERNAL"
+
+
 class ClientError(PyServeError):
     """An error raised by pyserve's clients (connection, protocol or server error)."""
 
@@ -138,6 +146,7 @@ _BY_NAME: dict[str, type[InferenceError]] = {
         ModelExecutionError,
         OutputMismatchError,
         WorkerDiedError,
+        DeadlockError,
     )
 }
 

@@ -29,6 +29,7 @@ import orjson
 import zmq
 
 from pyserve.config import ModelConfig, ModelSpec, ServeConfig, Tensor, WorkerKind, as_tensors
+from pyserve.ensemble import EnsembleSpec, Step, check_models, spec_lookup
 from pyserve.errors import ConfigError, ModelAlreadyBoundError, ServerError
 from pyserve.transport.messages import pack_header, unpack_header
 from pyserve.transport.shm import remove_segments
@@ -55,6 +56,8 @@ class Serve:
     def __init__(self, config: ServeConfig | None = None) -> None:
         self.config = config if config is not None else ServeConfig.from_env()
         self._models: dict[tuple[str, int], _BoundModel] = {}
+        self._ensembles: dict[tuple[str, int], EnsembleSpec] = {}
+        self._loaded_ensembles: set[tuple[str, int]] = set()
         self._process: subprocess.Popen[bytes] | None = None
         self._control: zmq.Socket[Any] | None = None
         self._control_lock = threading.Lock()
@@ -65,6 +68,7 @@ class Serve:
         self._router_address = ""
         self.http_port = 0
         self.grpc_port = 0
+        self.metrics_port = 0
 
     # public API -----------------------------------------------------------------------------------------------
 
@@ -107,6 +111,8 @@ class Serve:
         key = (model_name, model_version)
         if key in self._models:
             raise ModelAlreadyBoundError(f"model '{model_name}' version {model_version} is already bound")
+        if any(name == model_name for name, _ in self._ensembles):
+            raise ModelAlreadyBoundError(f"an ensemble named '{model_name}' is already bound")
         bound = _BoundModel(spec, functions, payload)
         self._models[key] = bound
         if self._process is not None:
@@ -125,7 +131,45 @@ class Serve:
         for bound in list(self._models.values()):
             if not bound.loaded:
                 self._load(bound)
+        for key, ensemble in list(self._ensembles.items()):
+            if key not in self._loaded_ensembles:
+                self._load_ensemble(ensemble)
         return self
+
+    def bind_ensemble(
+        self,
+        model_name: str,
+        steps: Sequence[Step],
+        inputs: Sequence[Tensor],
+        outputs: Sequence[Tensor],
+        max_batch_size: int = 0,
+        model_version: int = 1,
+    ) -> None:
+        """Serve a pipeline of bound models as ``model_name``: ``steps`` form a DAG whose edges are named tensors.
+
+        ``inputs`` and ``outputs`` declare the ensemble's own tensors, as for ``bind``. The graph and its models
+        (bind them first) are checked at once; a mistake raises ConfigError naming the step and tensor.
+        """
+        ensemble = EnsembleSpec(
+            name=model_name,
+            version=model_version,
+            inputs=as_tensors(inputs, "inputs"),
+            outputs=as_tensors(outputs, "outputs"),
+            steps=tuple(steps),
+            max_batch_size=max_batch_size,
+        )
+        key = (model_name, model_version)
+        if key in self._ensembles or any(name == model_name for name, _ in self._models):
+            raise ModelAlreadyBoundError(f"a model named '{model_name}' (version {model_version}) is already bound")
+        known = [bound.spec for bound in self._models.values()] + [e.model_spec() for e in self._ensembles.values()]
+        check_models(ensemble, spec_lookup(known))
+        self._ensembles[key] = ensemble
+        if self._process is not None:
+            try:
+                self._load_ensemble(ensemble)
+            except BaseException:
+                self._ensembles.pop(key, None)
+                raise
 
     def serve(self) -> None:
         """Run and block until Ctrl+C, SIGTERM or the core process exits; then stop."""
@@ -171,6 +215,7 @@ class Serve:
                 thread.join(_STOP_TIMEOUT_S)
             bound.threads.clear()
             bound.loaded = False
+        self._loaded_ensembles.clear()
         if self._control is not None:
             self._control.close(linger=0)
             self._control = None
@@ -241,6 +286,7 @@ class Serve:
         os.close(read_fd)
         self.http_port = ready["http_port"]
         self.grpc_port = ready.get("grpc_port", 0)
+        self.metrics_port = ready.get("metrics_port", 0)
         self._router_address = ready["router"]
         control: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
         control.setsockopt(zmq.LINGER, 0)
@@ -335,6 +381,13 @@ class Serve:
         if errors:
             raise ServerError(f"model '{spec.name}' could not start: {errors[0]}")
         bound.loaded = True
+
+    def _load_ensemble(self, ensemble: EnsembleSpec) -> None:
+        # The core checks the ensemble again, against the models it serves, before serving it.
+        reply = self._request({"t": "load_ensemble", "spec": ensemble.to_wire()})
+        if reply["t"] == "error":
+            raise ConfigError(reply["message"])
+        self._loaded_ensembles.add((ensemble.name, ensemble.version))
 
 
 def _pickle_for_processes(spec: ModelSpec, functions: list[Callable[..., Any]]) -> bytes:

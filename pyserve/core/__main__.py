@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 
 import orjson
 
 from pyserve.config import ServeConfig
+from pyserve.core.logs import configure_logging
 from pyserve.core.server import serve_core
 
 
@@ -21,7 +21,7 @@ def main() -> None:
     parser.add_argument("--ready-fd", type=int, default=None, help="write the bound ports here once serving")
     args = parser.parse_args()
     config = ServeConfig(**orjson.loads(args.config))
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.log_level, config.log_format)
     main = serve_core(config, args.router, args.shm_prefix, args.parent_pid, args.ready_fd)
     try:
         import uvloop

@@ -9,7 +9,7 @@ from pyserve.config import ModelSpec, Tensor
 from pyserve.core.inference import InputTensor
 from pyserve.core.stats import ModelStats
 from pyserve.dtypes import config_type
-from pyserve.errors import InvalidInputError, ModelAlreadyBoundError, ModelNotFoundError
+from pyserve.errors import ConfigError, InvalidInputError, ModelAlreadyBoundError, ModelNotFoundError
 
 if TYPE_CHECKING:
     from pyserve.core.scheduler import ModelScheduler
@@ -41,6 +41,10 @@ class ModelEntry:
         self.version = self.spec.version
         self.batching = self.spec.config.max_batch_size > 0
         self.max_batch_size = self.spec.config.max_batch_size
+        self.response_cache = self.spec.config.response_cache
+        if self.response_cache and self.spec.config.decoupled:
+            # As in Triton: a stream of responses is not one cacheable result.
+            raise ConfigError(f"model '{self.name}': response_cache cannot be used with a decoupled (streaming) model")
         self.inputs: dict[str, Tensor] = {t.name: t for t in self.spec.inputs}
         self.outputs: dict[str, Tensor] = {t.name: t for t in self.spec.outputs}
         self.required_inputs = frozenset(t.name for t in self.spec.inputs if not t.optional)

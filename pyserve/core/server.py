@@ -11,20 +11,29 @@ import signal
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from pyserve.config import ModelSpec, ServeConfig, WorkerKind
-from pyserve.core.inference import InferenceRequest, InferenceResponse, OutputTensor
+from pyserve.core.bls import BlsBroker
+from pyserve.core.cache import ResponseCache
+from pyserve.core.ensemble import EnsembleEntry, EnsembleExecutor, load_ensemble
+from pyserve.core.inference import BufferLease, InferenceRequest, InferenceResponse, OutputTensor
+from pyserve.core.logs import log_settings
+from pyserve.core.metrics import CoreMetrics
 from pyserve.core.registry import Instance, ModelEntry, Registry
 from pyserve.core.scheduler import ModelScheduler, ResponseOrderer
+from pyserve.core.stats import BACKEND, CANCELED, OTHER, REJECTED
 from pyserve.core.supervisor import Supervisor, WorkerProcess, describe_exit
+from pyserve.core.tracing import Tracing
 from pyserve.errors import (
     CancelledError,
     InferenceError,
     ModelNotReadyError,
     PyServeError,
+    QueueFullError,
     WorkerDiedError,
     error_from_kind,
 )
@@ -64,6 +73,7 @@ class CoreServer:
         self.registry = Registry()
         self.http_port = 0
         self.grpc_port = 0
+        self.metrics_port = 0
         self._socket: zmq.Socket[Any] | None = None
         self._pool = ShmPool(f"{shm_prefix}-core", config.shm_pool_bytes)
         self._reader = ShmReader()
@@ -81,6 +91,24 @@ class CoreServer:
         self._work_dir = tempfile.mkdtemp(prefix="pyserve-core-")
         # (model, version) -> (control identity, request id) of a load waiting for its process instances.
         self._loading: dict[tuple[str, int], tuple[bytes, int]] = {}
+        # Observability (docs/monitoring.md): metrics read the counters when scraped; the cache, tracing and
+        # per-request logs hook submit() only for the requests that use them.
+        self.metrics = CoreMetrics(self)
+        self.cache = ResponseCache(config.response_cache_bytes) if config.response_cache_bytes else None
+        self.tracing = Tracing(config)
+        self.logs = log_settings(config.log_level, config.log_format)
+        self._metrics_server: asyncio.base_events.Server | None = None
+        self.ensembles = EnsembleExecutor(self.submit, self.cancel, self._respond)
+        self.bls = BlsBroker(
+            self.registry,
+            self._instances,
+            self._pending,
+            self._reader,
+            send=self._send,
+            submit=self.submit,
+            cancel=self.cancel,
+            ensembles=self.ensembles,
+        )
 
     # lifecycle ------------------------------------------------------------------------------------------------
 
@@ -111,6 +139,9 @@ class CoreServer:
         self._supervise_task = asyncio.create_task(self._supervise())
         self._http_server, self.http_port = await start_http_server(self, self.config)
         self._grpc_server, self.grpc_port = await start_grpc_server(self, self.config)
+        from pyserve.frontends.metrics import start_metrics_server
+
+        self._metrics_server, self.metrics_port = await start_metrics_server(self, self.config)
 
     async def wait_stopped(self) -> None:
         """Run until stop() or the parent process goes away."""
@@ -132,6 +163,8 @@ class CoreServer:
         """Stop front ends, fail what is in flight, release sockets and shared memory."""
         if self._http_server is not None:
             self._http_server.close()
+        if self._metrics_server is not None:
+            self._metrics_server.close()
         if self._grpc_server is not None:
             await self._grpc_server.stop()
         for entry in self.registry.entries():
@@ -154,6 +187,8 @@ class CoreServer:
             self._socket.close(linger=0)
         self._reader.close()
         self._pool.close()
+        self.metrics.close()
+        self.tracing.close()
         remove_segments(self.shm_prefix)
         _remove_ipc_endpoint(self.router_address)
 
@@ -164,11 +199,27 @@ class CoreServer:
         return all(entry.ready for entry in self.registry.entries())
 
     def submit(self, request: InferenceRequest) -> None:
-        """Queue a validated request on its model's scheduler."""
+        """Queue a validated request on its model's scheduler (an ensemble's goes to the ensemble executor)."""
         entry = request.model
-        if not entry.ready or entry.scheduler is None:
-            raise ModelNotReadyError(f"model '{entry.name}' version {entry.version} is not ready")
-        entry.scheduler.submit(request)
+        if self.tracing.active:
+            self.tracing.begin(request)
+        if self.logs.log_requests:
+            self.logs.watch(request)
+        try:
+            if isinstance(entry, EnsembleEntry):
+                self.ensembles.submit(request)
+                return
+            if not entry.ready or entry.scheduler is None:
+                raise ModelNotReadyError(f"model '{entry.name}' version {entry.version} is not ready")
+            # A cache hit is answered here and never reaches a worker.
+            if entry.response_cache and self.cache is not None and self.cache.answer(request, self._respond):
+                return
+            entry.scheduler.submit(request)
+        except InferenceError as exc:
+            if isinstance(exc, QueueFullError):
+                entry.stats.record_failure(REJECTED, 0)
+            self._ended_unanswered(request, exc)
+            raise
 
     def cancel(self, request: InferenceRequest) -> None:
         """The client went away: a queued request is dropped; a running one gets its cancel flag set."""
@@ -176,9 +227,14 @@ class CoreServer:
             return
         request.cancelled = True
         request.done = True
+        self._ended_unanswered(request, CancelledError("the request was cancelled"))
+        if isinstance(request.model, EnsembleEntry):
+            self.ensembles.cancel(request)
+            return
         scheduler = request.model.scheduler
         if scheduler is not None:
             if scheduler.cancel(request):
+                request.model.stats.record_failure(CANCELED, time.monotonic_ns() - request.arrival_ns)
                 return
             if scheduler.orderer is not None:
                 scheduler.orderer.forget(request)
@@ -272,6 +328,10 @@ class CoreServer:
         kind = header["t"]
         if kind == "res":
             self._on_result(header, frames)
+        elif kind in ("bls", "bls_cancel", "bls_free"):
+            self.bls.on_message(identity, header, frames)
+        elif kind == "load_ensemble":
+            self._on_load_ensemble(identity, header)
         elif kind == "hello":
             self._on_hello(identity, header)
         elif kind == "load":
@@ -298,6 +358,14 @@ class CoreServer:
             return
         if spec.config.worker is WorkerKind.PROCESS:
             self._start_processes(identity, header["rid"], entry, header["payload"])
+            return
+        self._send(identity, {"t": "ok", "rid": header["rid"]})
+
+    def _on_load_ensemble(self, identity: bytes, header: dict[str, Any]) -> None:
+        try:
+            load_ensemble(header["spec"], self.registry)
+        except PyServeError as exc:
+            self._send(identity, {"t": "error", "rid": header["rid"], "message": str(exc)})
             return
         self._send(identity, {"t": "ok", "rid": header["rid"]})
 
@@ -334,6 +402,7 @@ class CoreServer:
             return
         instance = Instance(identity, header["instance"], header["kind"], header["pid"])
         entry.instances.append(instance)
+        self.metrics.model_ready(entry)
         self._instances[identity] = (instance, entry, header["shm_prefix"])
         self._send(identity, {"t": "welcome", "cancel": self.cancel_address})
         assert entry.scheduler is not None
@@ -362,6 +431,7 @@ class CoreServer:
         known = self._instances.pop(identity, None)
         if known is None:
             return
+        self.bls.instance_gone(identity)
         instance, entry, shm_prefix = known
         if instance in entry.instances:
             entry.instances.remove(instance)
@@ -378,7 +448,7 @@ class CoreServer:
                 entry.stats.record_failed_execution()
                 now = time.monotonic_ns()
                 for request in pending.requests:
-                    entry.stats.fail.add(now - request.arrival_ns)
+                    entry.stats.record_failure(CANCELED if request.cancelled else OTHER, now - request.arrival_ns)
                     self._fail(request, error)
 
     # batches --------------------------------------------------------------------------------------------------
@@ -416,6 +486,8 @@ class CoreServer:
             request.batch_index = index
         self._pending[batch_id] = PendingBatch(batch, instance, entry, writer.slots, rows, now)
         instance.batch_id = batch_id
+        if self.tracing.active:
+            self.tracing.on_dispatch(batch, header)
         self._send(instance.identity, header, writer.frames)
 
     def _on_result(self, header: dict[str, Any], frames: list[Any]) -> None:
@@ -438,33 +510,45 @@ class CoreServer:
         if error is not None:
             exc = error_from_kind(error[0], error[1])
             stats.record_failed_execution()
+            decoupled = entry.spec.config.decoupled
             for request in pending.requests:
-                stats.fail.add(now - request.arrival_ns)
+                stats.record_failure(CANCELED if request.cancelled else BACKEND, now - request.arrival_ns)
+                if decoupled:
+                    stats.record_response(request, "fail", header.get("rt"), now)
                 self._respond(request, InferenceResponse([], exc))
         else:
             per_request = header["o"]
+            # Outputs in the worker's slots stay valid until every holder of the response lets go of them.
+            slots = header["s"]
+            lease = BufferLease(partial(self._free_slots, pending.instance.identity, slots)) if slots else None
+            decoupled = entry.spec.config.decoupled
             if per_request is not None:
                 reader = self._reader
                 for request, descriptors in zip(pending.requests, per_request, strict=True):
                     if descriptors is None:
                         continue
+                    if decoupled:
+                        stats.record_response(request, "success", header.get("rt"), now)
                     outputs = [
-                        OutputTensor(name, datatype, shape, read_buffer(loc, frames, reader))
+                        OutputTensor(name, datatype, shape, read_buffer(loc, frames, reader), _shm_location(loc))
                         for name, datatype, shape, loc in descriptors
                     ]
-                    self._respond(request, InferenceResponse(outputs, final=final))
+                    self._respond(request, InferenceResponse(outputs, final=final, lease=lease))
             elif final:
                 for request in pending.requests:
+                    if decoupled and not request.cancelled:
+                        stats.record_response(request, "empty", header.get("rt"), now)
                     self._respond(request, InferenceResponse([], final=True))
             if final:
-                input_ns, infer_ns, output_ns = header["tm"]
-                stats.record_execution(pending.rows, len(pending.requests), input_ns, infer_ns, output_ns)
-                queue, success = stats.queue, stats.success
-                for request in pending.requests:
-                    queue.add(pending.dispatched_ns - request.arrival_ns)
-                    success.add(now - request.arrival_ns)
-            if header["s"]:
-                self._send(pending.instance.identity, {"t": "free", "slots": header["s"]})
+                timings = header["tm"]
+                stats.record_execution(pending.rows, len(pending.requests), timings[0], timings[1], timings[2])
+                stats.record_successes(pending.requests, pending.dispatched_ns, now, timings)
+            if lease is not None:
+                lease.drop()
+
+    def _free_slots(self, identity: bytes, slots: list[str]) -> None:
+        if identity in self._instances:
+            self._send(identity, {"t": "free", "slots": slots})
 
     def _respond(self, request: InferenceRequest, response: InferenceResponse) -> None:
         if request.done:
@@ -490,8 +574,21 @@ class CoreServer:
 
     def _reject(self, request: InferenceRequest, error: InferenceError) -> None:
         # The scheduler refused a queued request (timeout): it counts as a failure of the model.
-        request.model.stats.fail.add(time.monotonic_ns() - request.arrival_ns)
+        request.model.stats.record_failure(REJECTED, time.monotonic_ns() - request.arrival_ns)
         self._fail(request, error)
+
+    def _ended_unanswered(self, request: InferenceRequest, error: InferenceError) -> None:
+        # A request refused by submit() or cancelled gets no response through its callback: close its trace and
+        # request log here.
+        if request.trace is not None:
+            self.tracing.end(request, error)
+        if self.logs.log_requests:
+            self.logs.finished(request, error, request.arrival_ns or time.monotonic_ns())
+
+
+def _shm_location(loc: Any) -> list[Any] | None:
+    # A location is a frame index, or [segment, nbytes] for bytes in a worker's shared-memory slot.
+    return None if isinstance(loc, int) else loc  # type: ignore[no-any-return]
 
 
 def _remove_ipc_endpoint(address: str) -> None:
@@ -521,7 +618,12 @@ async def serve_core(
     try:
         await core.start()
         if ready_fd is not None:
-            ready = {"http_port": core.http_port, "grpc_port": core.grpc_port, "router": core.router_address}
+            ready = {
+                "http_port": core.http_port,
+                "grpc_port": core.grpc_port,
+                "metrics_port": core.metrics_port,
+                "router": core.router_address,
+            }
             os.write(ready_fd, orjson.dumps(ready) + b"\n")
             os.close(ready_fd)
         await core.wait_stopped()

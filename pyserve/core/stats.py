@@ -1,10 +1,38 @@
-"""Per-model statistics in the shape of Triton's statistics extension (``/v2/models/stats``)."""
+"""Per-model statistics in the shape of Triton's statistics extension (``/v2/models/stats``).
+
+The core counts here, once per request or batch, and nothing else: the Prometheus metrics are read from these
+counters at scrape time (``pyserve.core.metrics``). Only the opt-in latency summaries and histograms observe each
+request, through ``ModelStats.latency``.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from pyserve.core.inference import InferenceRequest
+
+# Triton's failure reasons (the ``reason`` label of nv_inference_request_failure).
+REJECTED = "REJECTED"  # refused by the scheduler: queue full, queue timeout
+CANCELED = "CANCELED"  # the client cancelled or went away
+BACKEND = "BACKEND"  # the model's function raised
+OTHER = "OTHER"  # anything else: the instance died, the model was unloaded
+FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
+
+
+class LatencyObserver(Protocol):
+    """Per-request observations for the opt-in latency summaries and histograms (pyserve.core.metrics)."""
+
+    def request(self, queue_ns: int, request_ns: int, input_ns: int, infer_ns: int, output_ns: int) -> None: ...
+
+    def cache_hit(self, queue_ns: int, request_ns: int, lookup_ns: int) -> None: ...
+
+    def cache_miss(self, miss_ns: int) -> None: ...
+
+    def first_response(self, ns: int) -> None: ...
 
 
 @dataclass(slots=True)
@@ -32,8 +60,34 @@ class BatchStats:
 
 
 @dataclass(slots=True)
+class ResponseStats:
+    """Triton's response_stats entry: the responses of decoupled requests at one response index."""
+
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    empty_response: Duration = field(default_factory=Duration)
+    cancel: Duration = field(default_factory=Duration)
+
+    def to_json(self) -> dict[str, dict[str, int]]:
+        return {
+            "compute_infer": self.compute_infer.to_json(),
+            "compute_output": self.compute_output.to_json(),
+            "success": self.success.to_json(),
+            "fail": self.fail.to_json(),
+            "empty_response": self.empty_response.to_json(),
+            "cancel": self.cancel.to_json(),
+        }
+
+
+@dataclass(slots=True)
 class ModelStats:
-    """Counters of one model version. Failed executions count in ``fail`` and ``execution_count`` only."""
+    """Counters of one model version. Failed executions count in ``fail`` and ``execution_count`` only.
+
+    ``load_started_ns`` is when the model's load began (the entry is made then); ``load_duration_ns`` is set once
+    every configured instance is connected.
+    """
 
     inference_count: int = 0
     execution_count: int = 0
@@ -47,6 +101,11 @@ class ModelStats:
     cache_hit: Duration = field(default_factory=Duration)
     cache_miss: Duration = field(default_factory=Duration)
     batches: dict[int, BatchStats] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
+    responses: dict[int, ResponseStats] = field(default_factory=dict)
+    load_started_ns: int = field(default_factory=time.monotonic_ns)
+    load_duration_ns: int = 0
+    latency: LatencyObserver | None = None
 
     def record_execution(self, batch_size: int, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """A successful execution of ``requests`` requests totalling ``batch_size`` rows."""
@@ -69,6 +128,79 @@ class ModelStats:
         self.execution_count += 1
         self.last_inference_ms = time.time_ns() // 1_000_000
 
+    def record_failure(self, reason: str, ns: int) -> None:
+        """A request that failed after ``ns`` nanoseconds, for one of FAILURE_REASONS."""
+        self.fail.add(ns)
+        self.failures[reason] += 1
+
+    def record_successes(
+        self, requests: Iterable[InferenceRequest], dispatched_ns: int, now_ns: int, timings: list[int]
+    ) -> None:
+        """The requests of a finished execution: each succeeded, or failed as CANCELED if its client left."""
+        queue, success, latency = self.queue, self.success, self.latency
+        for request in requests:
+            if request.cancelled:
+                self.record_failure(CANCELED, now_ns - request.arrival_ns)
+                if request.model.spec.config.decoupled:
+                    # The worker reports no timing for a response that was never produced.
+                    self.response(request.responses).cancel.add(0)
+                continue
+            queue_ns = dispatched_ns - request.arrival_ns
+            request_ns = now_ns - request.arrival_ns
+            queue.add(queue_ns)
+            success.add(request_ns)
+            if latency is not None:
+                latency.request(queue_ns, request_ns, timings[0], timings[1], timings[2])
+
+    def record_response(self, request: InferenceRequest, outcome: str, timings: list[int] | None, now_ns: int) -> None:
+        """The next response of a decoupled request, by response index (Triton's response_stats).
+
+        ``outcome`` is ``success`` (``timings`` = [infer_ns, output_ns] the worker measured for it), ``empty`` (the
+        flag-only final response; [infer_ns] since the previous one) or ``fail`` ([infer_ns] until the error).
+        """
+        index = request.responses
+        request.responses += 1
+        stats = self.response(index)
+        infer_ns = timings[0] if timings else 0
+        if outcome == "success":
+            output_ns = timings[1] if timings and len(timings) > 1 else 0
+            stats.compute_output.add(output_ns)
+            stats.success.add(infer_ns + output_ns)
+        elif outcome == "empty":
+            stats.empty_response.add(infer_ns)
+        else:
+            stats.fail.add(infer_ns)
+        stats.compute_infer.add(infer_ns)
+        if index == 0 and outcome != "fail" and self.latency is not None:
+            self.latency.first_response(now_ns - request.arrival_ns)
+
+    def record_cache_hit(self, lookup_ns: int, request_ns: int) -> None:
+        """A request answered from the response cache: a success with no queue time and no execution."""
+        self.success.add(request_ns)
+        self.queue.add(0)
+        self.cache_hit.add(lookup_ns)
+        if self.latency is not None:
+            self.latency.cache_hit(0, request_ns, lookup_ns)
+
+    def record_cache_miss(self, miss_ns: int) -> None:
+        """Lookup plus insertion of a miss; as in Triton, it adds to the request's duration too."""
+        self.cache_miss.add(miss_ns)
+        self.success.ns += miss_ns
+        if self.latency is not None:
+            self.latency.cache_miss(miss_ns)
+
+    def response(self, index: int) -> ResponseStats:
+        """The response_stats entry of a response index (created at first use)."""
+        stats = self.responses.get(index)
+        if stats is None:
+            stats = self.responses[index] = ResponseStats()
+        return stats
+
+    def mark_loaded(self, instances: int, configured: int) -> None:
+        """An instance connected: the load is complete once every configured instance is."""
+        if not self.load_duration_ns and instances >= configured:
+            self.load_duration_ns = max(time.monotonic_ns() - self.load_started_ns, 1)
+
     def to_json(self, name: str, version: int) -> dict[str, Any]:
         """The model_stats entry Triton returns for this model version."""
         return {
@@ -87,7 +219,7 @@ class ModelStats:
                 "cache_hit": self.cache_hit.to_json(),
                 "cache_miss": self.cache_miss.to_json(),
             },
-            "response_stats": {},
+            "response_stats": {str(index): stats.to_json() for index, stats in sorted(self.responses.items())},
             "batch_stats": [
                 {
                     "batch_size": size,

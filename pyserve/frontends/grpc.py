@@ -44,7 +44,6 @@ SERVICE = "inference.GRPCInferenceService"
 HEALTH_SERVICE = "grpc.health.v1.Health"
 # gRPC caps one message at 2 GiB - 1 (a signed 32-bit length).
 _MAX_MESSAGE_BYTES = (1 << 31) - 1
-_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 # grpc.aio.ServicerContext (grpc ships no type information).
 Context = Any
@@ -269,27 +268,42 @@ class GrpcFrontend:
         return pb.CudaSharedMemoryUnregisterResponse()
 
     def _trace_setting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
+        tracing = self.core.tracing
+        model = request.model_name or None
+        if model is not None:
+            self._entry(model, "")  # unknown model: NOT_FOUND
         if request.settings:
-            raise UnsupportedError("tracing is not supported by this server; its settings cannot be changed")
+            # An empty value list clears the setting (a model's falls back to the server's), as in Triton.
+            changes: dict[str, Any] = {}
+            for key, setting in request.settings.items():
+                values = list(setting.value)
+                changes[key] = (values or None) if key == "trace_level" else (values[0] if values else None)
+            doc = tracing.update(model, changes)
+        else:
+            doc = tracing.to_json(model)
         response = pb.TraceSettingResponse()
-        for key, value in (("trace_level", "OFF"), ("trace_rate", "1000"), ("trace_count", "-1")):
-            response.settings[key].value.append(value)
+        for key, value in doc.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
         return response
 
     def _log_settings(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
+        logs = self.core.logs
         if request.settings:
-            raise UnsupportedError(
-                "log settings cannot be changed at run time; set ServeConfig.log_level (PYSERVE_LOG_LEVEL)"
-            )
-        level = self.config.log_level.upper()
-        rank = _LOG_LEVELS.index(level) if level in _LOG_LEVELS else 2
+            changes: dict[str, Any] = {}
+            for key, setting in request.settings.items():
+                kind = setting.WhichOneof("parameter_choice")
+                changes[key] = getattr(setting, kind) if kind else None
+            doc = logs.update(changes)
+        else:
+            doc = logs.to_json()
         response = pb.LogSettingsResponse()
-        response.settings["log_file"].string_param = ""
-        response.settings["log_info"].bool_param = rank <= 1
-        response.settings["log_warning"].bool_param = rank <= 2
-        response.settings["log_error"].bool_param = rank <= 3
-        response.settings["log_verbose_level"].uint32_param = 1 if rank == 0 else 0
-        response.settings["log_format"].string_param = "default"
+        for key, value in doc.items():
+            if isinstance(value, bool):
+                response.settings[key].bool_param = value
+            elif isinstance(value, int):
+                response.settings[key].uint32_param = value
+            else:
+                response.settings[key].string_param = value
         return response
 
     # infer ------------------------------------------------------------------------------------------------------
@@ -318,6 +332,8 @@ class GrpcFrontend:
                     future.set_exception(InferenceError(f"could not encode the response: {exc}"))
 
             request = build_request(entry, call, on_response)
+            if self.core.tracing.active:
+                request.traceparent = _traceparent(context)
             self.core.submit(request)
         except InferenceError as exc:
             await context.abort(_status(exc), str(exc))
@@ -335,6 +351,8 @@ class GrpcFrontend:
 
     async def _model_stream_infer(self, requests: AsyncIterator[bytes], context: Context) -> None:
         stream = _Stream(self)
+        if self.core.tracing.active:
+            stream.traceparent = _traceparent(context)
         reader = asyncio.get_running_loop().create_task(stream.read(requests))
         try:
             while True:
@@ -357,6 +375,7 @@ class _Stream:
         self.in_flight: set[InferenceRequest] = set()
         self.reading = True
         self.closed = False
+        self.traceparent = ""  # the call's W3C traceparent metadata, for every request of the stream
 
     async def read(self, requests: AsyncIterator[bytes]) -> None:
         """Submit every request of the stream; when the client is done sending, end once all are answered."""
@@ -406,6 +425,7 @@ class _Stream:
                 self.queue.put_nowait(None)
 
         request = build_request(entry, call, on_response)
+        request.traceparent = self.traceparent
         try:
             self.core.submit(request)
         except InferenceError as exc:
@@ -420,6 +440,13 @@ class _Stream:
         for request in self.in_flight:
             self.core.cancel(request)
         self.in_flight.clear()
+
+
+def _traceparent(context: Context) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent":
+            return str(value)
+    return ""
 
 
 async def start_grpc_server(core: CoreServer, config: ServeConfig) -> tuple[GrpcFrontend, int]:

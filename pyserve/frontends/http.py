@@ -12,6 +12,7 @@ import gzip
 import logging
 import zlib
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -286,6 +287,14 @@ class HttpApp:
         if rest[0] == "models":
             self._route_models(conn, request, method, rest[1:])
             return
+        if rest == ["logging"]:
+            logs = self.core.logs
+            self._settings(conn, request, method, logs.to_json, logs.update)
+            return
+        if rest == ["trace", "setting"]:
+            tracing = self.core.tracing
+            self._settings(conn, request, method, tracing.to_json, lambda changes: tracing.update(None, changes))
+            return
         if rest == ["repository", "index"] and method == b"POST":
             index = [e.index_entry() for e in self.core.registry.entries()]
             conn.respond(request, 200, orjson.dumps(index))
@@ -307,6 +316,13 @@ class HttpApp:
         if len(tail) >= 2 and tail[0] == "versions":
             version = unquote(tail[1])
             tail = tail[2:]
+        if tail == ["trace", "setting"] and version is None:
+            registry.get(name)  # unknown model: 404
+            tracing = self.core.tracing
+            self._settings(
+                conn, request, method, lambda: tracing.to_json(name), lambda changes: tracing.update(name, changes)
+            )
+            return
         if len(tail) > 1:
             conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
             return
@@ -341,6 +357,30 @@ class HttpApp:
         else:
             conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
 
+    def _settings(
+        self,
+        conn: HttpProtocol,
+        request: HttpRequest,
+        method: bytes,
+        read: Callable[[], dict[str, Any]],
+        update: Callable[[dict[str, Any]], dict[str, Any]],
+    ) -> None:
+        """Triton's settings endpoints (logging, trace): GET reads them; POST applies a JSON object of changes and
+        answers the settings now in force."""
+        if method == b"GET":
+            conn.respond(request, 200, orjson.dumps(read()))
+            return
+        if method != b"POST":
+            conn.respond_error(request, 405, "use GET or POST")
+            return
+        try:
+            changes = orjson.loads(self._body(request) or b"{}")
+        except orjson.JSONDecodeError as exc:
+            raise InvalidInputError(f"failed to parse the settings JSON: {exc}") from None
+        if not isinstance(changes, dict):
+            raise InvalidInputError("the settings JSON must be an object")
+        conn.respond(request, 200, orjson.dumps(update(changes)))
+
     def _json(self, conn: HttpProtocol, request: HttpRequest, method: bytes, doc: Any) -> None:
         if method != b"GET":
             conn.respond_error(request, 405, "use GET")
@@ -373,6 +413,8 @@ class HttpApp:
             self._write_response(conn, request, entry, call, response, compress)
 
         infer = build_request(entry, call, on_response)
+        if self.core.tracing.active:
+            infer.traceparent = headers.get(b"traceparent", b"").decode("latin-1")
         conn.in_flight = infer
         self.core.submit(infer)
 
@@ -432,6 +474,8 @@ class HttpApp:
                 conn.end_stream(request)
 
         infer = build_request(entry, call, on_response)
+        if self.core.tracing.active:
+            infer.traceparent = request.headers.get(b"traceparent", b"").decode("latin-1")
         conn.in_flight = infer
         self.core.submit(infer)
 

@@ -7,7 +7,7 @@ loop as a thread instance until the core says stop, SIGTERM arrives or the core 
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import signal
 import sys
 import threading
@@ -16,6 +16,7 @@ from typing import Any
 import cloudpickle
 
 from pyserve.config import ModelSpec
+from pyserve.core.logs import configure_logging
 from pyserve.worker.instance import InstanceRunner
 
 EXIT_NOT_READY = 3
@@ -32,7 +33,8 @@ def main() -> None:
     parser.add_argument("--shm-limit", type=int, required=True)
     parser.add_argument("--parent-pid", type=int, default=0)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The core exports its log settings to the processes it spawns.
+    configure_logging(os.environ.get("PYSERVE_LOG_LEVEL", "WARNING"), os.environ.get("PYSERVE_LOG_FORMAT", "default"))
     with open(args.payload, "rb") as handle:
         payload: dict[str, Any] = cloudpickle.load(handle)
     spec = ModelSpec.from_wire(payload["spec"])

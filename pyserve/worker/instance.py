@@ -21,11 +21,13 @@ import numpy as np
 import zmq
 
 from pyserve.config import ModelSpec
+from pyserve.core.tracing import start_compute
 from pyserve.dtypes import numpy_dtype
 from pyserve.errors import InferenceError, ModelExecutionError, OutputMismatchError, error_kind
 from pyserve.request import ModelContext, Request, RequestBatch, reset_current_model, set_current_model
 from pyserve.transport.messages import FrameWriter, array_from_buffer, pack_header, read_buffer, unpack_header
 from pyserve.transport.shm import ShmPool, ShmReader
+from pyserve.worker.bls import BlsChannel
 from pyserve.worker.cancel import CancelListener, acquire_listener, release_listener
 
 logger = logging.getLogger(__name__)
@@ -70,6 +72,8 @@ class InstanceRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._parent_pid = parent_pid
         self._cancel: CancelListener | None = None
+        self._bls: BlsChannel | None = None
+        self._stopping: Callable[[], bool] = lambda: False
 
     def run(self, stop: threading.Event, on_ready: Callable[[str | None], None]) -> None:
         """Connect, register with the core, then serve batches. ``on_ready(error)`` is called once."""
@@ -79,6 +83,9 @@ class InstanceRunner:
         socket.setsockopt(zmq.RCVHWM, 0)
         pool = ShmPool(self._shm_prefix, self._shm_limit)
         reader = ShmReader()
+        # BLS calls made by the function use this socket while it runs; what else they read waits in bls.deferred.
+        bls = self._bls = BlsChannel(socket, pool, reader, self._shm_threshold)
+        self._stopping = lambda: stop.is_set() or bool(self._parent_pid and os.getppid() != self._parent_pid)
         ready_sent = False
         try:
             self.infer_func = instantiate(self.infer_func, self.context.device)
@@ -99,15 +106,20 @@ class InstanceRunner:
             poller = zmq.Poller()
             poller.register(socket, zmq.POLLIN)
             while not stop.is_set():
-                if not poller.poll(_POLL_MS):
+                if bls.deferred:
+                    frames = bls.deferred.popleft()
+                elif not poller.poll(_POLL_MS):
                     if self._parent_pid and os.getppid() != self._parent_pid:
                         return
                     continue
-                frames = socket.recv_multipart(copy=False)
+                else:
+                    frames = socket.recv_multipart(copy=False)
                 header = unpack_header(frames[0].buffer)
                 kind = header["t"]
                 if kind == "infer":
                     self._execute(socket, header, frames[1:], pool, reader)
+                elif kind == "bls_res":
+                    bls.on_late_response(header, frames[1:])
                 elif kind == "free":
                     for name in header["slots"]:
                         pool.release(name)
@@ -159,6 +171,11 @@ class InstanceRunner:
         if self._cancel is not None:
             self._cancel.register(batch_id, flags)
         token = set_current_model(self.context)
+        assert self._bls is not None
+        bls_token = self._bls.enter(flags, self._stopping)
+        # Traced requests: compute spans under their request spans, current while the function runs.
+        trace = header.get("tc")
+        spans = start_compute(trace, self.spec.name, self.spec.version, self.instance, len(batch)) if trace else None
         try:
             result = self.infer_func(batch)
             if inspect.isgenerator(result):
@@ -173,9 +190,14 @@ class InstanceRunner:
             writer = FrameWriter(pool, self._shm_threshold)
             outputs = self._encode(batch, result, writer)
         except Exception as exc:
+            if spans is not None:
+                spans.fail(exc)
             self._send_error(socket, batch_id, _as_inference_error(exc, self.spec.name))
             return
         finally:
+            if spans is not None:
+                spans.end()
+            self._bls.leave(bls_token)
             reset_current_model(token)
             if self._cancel is not None:
                 self._cancel.unregister(batch_id)
@@ -201,8 +223,11 @@ class InstanceRunner:
         decoded: int,
     ) -> None:
         # Decoupled model: every yielded list is one round of responses; a final empty message closes the batch.
+        # Each message carries "rt", the time the model took for it (Triton's response_stats).
+        last = decoded
         try:
             for result in responses:
+                produced = time.perf_counter_ns()
                 if all(request.is_cancelled for request in batch):
                     # Every client of this batch went away: stop the generator, no work for nobody.
                     responses.close()
@@ -211,10 +236,13 @@ class InstanceRunner:
                     result = [None if r.is_cancelled else out for r, out in zip(batch, result, strict=True)]
                 writer = FrameWriter(pool, self._shm_threshold)
                 outputs = self._encode(batch, result, writer, allow_none=True)
-                reply = {"t": "res", "b": batch_id, "o": outputs, "s": writer.slots, "final": False}
+                timings = [produced - last, time.perf_counter_ns() - produced]
+                reply = {"t": "res", "b": batch_id, "o": outputs, "s": writer.slots, "final": False, "rt": timings}
                 socket.send_multipart([pack_header(reply), *writer.frames], copy=False)
+                last = time.perf_counter_ns()
         except Exception as exc:
-            self._send_error(socket, batch_id, _as_inference_error(exc, self.spec.name))
+            error = _as_inference_error(exc, self.spec.name)
+            self._send_error(socket, batch_id, error, [time.perf_counter_ns() - last])
             return
         done = time.perf_counter_ns()
         reply = {
@@ -224,6 +252,7 @@ class InstanceRunner:
             "s": [],
             "final": True,
             "tm": [decoded - started, done - decoded, 0],
+            "rt": [done - last],
         }
         socket.send(pack_header(reply))
 
@@ -245,8 +274,12 @@ class InstanceRunner:
             self._loop = asyncio.new_event_loop()
         return self._loop
 
-    def _send_error(self, socket: zmq.Socket[Any], batch_id: int, error: InferenceError) -> None:
-        reply = {"t": "res", "b": batch_id, "err": [error_kind(error), str(error)], "final": True}
+    def _send_error(
+        self, socket: zmq.Socket[Any], batch_id: int, error: InferenceError, timings: list[int] | None = None
+    ) -> None:
+        reply: dict[str, Any] = {"t": "res", "b": batch_id, "err": [error_kind(error), str(error)], "final": True}
+        if timings is not None:
+            reply["rt"] = timings
         socket.send(pack_header(reply))
 
     def _decode(

@@ -1,7 +1,8 @@
 """Fixtures for integration tests: one real server on loopback with a model of every kind, clients to reach it.
 
 Most tests share the session's ``server`` (started once, stopped at the end). Tests that need their own server
-(lifecycle, limits) start it themselves with ``ServeConfig(http_port=0, grpc_port=0)`` so ports never clash.
+(lifecycle, limits) start it themselves with ``ServeConfig(http_port=0, grpc_port=0, metrics_port=0)`` so ports
+never clash.
 """
 
 from __future__ import annotations
@@ -218,7 +219,7 @@ def bind_test_models(s: Serve) -> None:
 @pytest.fixture(scope="session")
 def server() -> Iterator[Serve]:
     """One running server with every test model, shared by the session."""
-    s = Serve(ServeConfig(http_port=0, grpc_port=0))
+    s = Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0))
     bind_test_models(s)
     try:
         s.run()

@@ -123,14 +123,9 @@ def test_what_this_server_does_not_do_is_refused_clearly(grpc_client: triton_grp
     with pytest.raises(InferenceServerException) as info:
         grpc_client.register_cuda_shared_memory("region", b"aGFuZGxl", 0, 64)
     assert status_of(info) == "StatusCode.UNIMPLEMENTED"
+    # Trace and log settings can be read here and changed too: tests/integration/test_tracing.py, test_logging.py.
     assert grpc_client.get_trace_settings().settings["trace_level"].value == ["OFF"]
-    with pytest.raises(InferenceServerException) as info:
-        grpc_client.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
-    assert status_of(info) == "StatusCode.UNIMPLEMENTED"
     assert "log_verbose_level" in grpc_client.get_log_settings().settings
-    with pytest.raises(InferenceServerException) as info:
-        grpc_client.update_log_settings({"log_verbose_level": 1})
-    assert status_of(info) == "StatusCode.UNIMPLEMENTED"
 
 
 # infer ---------------------------------------------------------------------------------------------------------

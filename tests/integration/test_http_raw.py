@@ -253,7 +253,7 @@ def test_client_going_away_cancels_its_queued_request(raw_http: Any, client: Any
 @pytest.fixture(scope="module")
 def small_server() -> Iterator[Serve]:
     """A server accepting request bodies of at most 4 KiB."""
-    with Serve(ServeConfig(http_port=0, grpc_port=0, max_request_bytes=4096)) as s:
+    with Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0, max_request_bytes=4096)) as s:
         s.bind(
             "identity_fp32",
             lambda requests: [{"OUTPUT0": r["INPUT0"]} for r in requests],

@@ -95,7 +95,7 @@ def infer_fp32(url: str, model: str, data: np.ndarray) -> np.ndarray:
 @pytest.fixture
 def own_server() -> Iterator[Serve]:
     """A server of the test's own, stopped afterwards whatever happened."""
-    s = Serve(ServeConfig(http_port=0, grpc_port=0))
+    s = Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0))
     try:
         yield s
     finally:
@@ -264,7 +264,7 @@ CHILD = textwrap.dedent(
     import numpy as np
     from pyserve import Serve, ServeConfig, Tensor
 
-    s = Serve(ServeConfig(http_port=0, grpc_port=0))
+    s = Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0))
     s.bind("identity", lambda requests: [{"OUTPUT0": r["INPUT0"]} for r in requests],
            inputs=[Tensor("INPUT0", np.float32, (-1,))], outputs=[Tensor("OUTPUT0", np.float32, (-1,))])
     s.run()

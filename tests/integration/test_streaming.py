@@ -113,7 +113,7 @@ TEXT_OUT = Tensor("text_output", bytes, (1,))
 
 @pytest.fixture(scope="module")
 def stream_server() -> Iterator[Serve]:
-    s = Serve(ServeConfig(http_port=0, grpc_port=0))
+    s = Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0))
     decoupled = ModelConfig(max_batch_size=0, decoupled=True)
     x = Tensor("INPUT0", np.float32, (-1,))
     s.bind("chunks", chunks, inputs=[x], outputs=[STEP, TOKEN], config=decoupled)

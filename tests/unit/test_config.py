@@ -338,3 +338,13 @@ def test_serve_config_from_env_rejects_bad_values(
     clean_env.setenv(variable, value)
     with pytest.raises(ConfigError, match=re.escape(message)):
         ServeConfig.from_env()
+
+
+def test_batcher_settings_on_a_model_without_batch_dimension_are_refused() -> None:
+    with pytest.raises(ConfigError, match="max_batch_size=0"):
+        ModelConfig(max_batch_size=0, batcher=DynamicBatcher(max_queue_delay_microseconds=100))
+    with pytest.raises(ConfigError, match="max_batch_size=0"):
+        ModelConfig(batcher=DynamicBatcher(priority_levels=2, default_priority_level=1))
+    # The defaults, or no batcher at all, are fine.
+    assert not ModelConfig().dynamic_batching
+    assert not ModelConfig(max_batch_size=0, batcher=None).dynamic_batching

@@ -11,6 +11,7 @@ from pyserve.errors import (
     CancelledError,
     ClientError,
     ConfigError,
+    DeadlockError,
     InferenceError,
     InvalidInputError,
     ModelAlreadyBoundError,
@@ -67,6 +68,7 @@ MAPPING = [
     (ModelExecutionError, 500, "INTERNAL"),
     (OutputMismatchError, 500, "INTERNAL"),
     (WorkerDiedError, 500, "INTERNAL"),
+    (DeadlockError, 500, "INTERNAL"),
     (InferenceError, 500, "INTERNAL"),
 ]
 

@@ -749,10 +749,9 @@ def test_an_invalid_request_timeout_is_refused_when_overriding_is_allowed(timeou
 
 
 @pytest.mark.parametrize("max_batch_size", [0, 8], ids=["no-batch-dimension", "batcher-off"])
-def test_queue_policies_apply_only_with_dynamic_batching(max_batch_size: int) -> None:
-    policy = QueuePolicy(default_timeout_microseconds=10, max_queue_size=1)
-    batcher = DynamicBatcher(default_queue_policy=policy) if max_batch_size == 0 else None
-    harness = Harness(max_batch_size=max_batch_size, batcher=batcher)
+def test_without_dynamic_batching_the_queue_is_plain_fifo(max_batch_size: int) -> None:
+    # (Queue policies on a max_batch_size=0 model are refused by ModelConfig; see test_config.)
+    harness = Harness(max_batch_size=max_batch_size, batcher=None)
     harness.submit("a", timeout=1)
     harness.submit("b")
     harness.loop.advance_us(100)

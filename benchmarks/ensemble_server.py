@@ -1,0 +1,45 @@
+"""Serve the sentiment pipeline of ``examples/pipeline`` for ``bench_ensemble.py``.
+
+    python benchmarks/ensemble_server.py --http-port PORT [--grpc-port PORT] [--parent-pid PID]
+
+Models ``tokenize``, ``score`` and ``label`` (each a ``@batch`` function, ``max_batch_size=64``, the default dynamic
+batcher) and the ensemble ``sentiment`` that chains them in the server. Blocks until SIGINT/SIGTERM, or until
+``--parent-pid`` is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import signal
+import sys
+from pathlib import Path
+
+from _common import watch_parent
+
+from pyserve import Serve, ServeConfig
+
+PIPELINE_DIR = Path(__file__).resolve().parent.parent / "examples" / "pipeline"
+MODELS = ("sentiment", "tokenize", "score", "label")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--http-port", type=int, required=True)
+    parser.add_argument("--grpc-port", type=int, default=0)
+    parser.add_argument("--metrics-port", type=int, default=0)
+    parser.add_argument("--parent-pid", type=int, default=0, help="stop when this process is gone")
+    args = parser.parse_args()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
+    if args.parent_pid:
+        watch_parent(args.parent_pid)
+    sys.path.insert(0, str(PIPELINE_DIR))
+    models = importlib.import_module("models")
+    config = ServeConfig(http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
+    with Serve(config) as server:
+        models.bind_pipeline(server)
+        server.serve()
+
+
+if __name__ == "__main__":
+    main()
