@@ -17,9 +17,7 @@ autoscalers query those exact names.
 from __future__ import annotations
 
 import bisect
-import logging
 import math
-import os
 import random
 import time
 from collections.abc import Iterable, Iterator
@@ -27,14 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.metrics_core import Metric
 
+from pyserve.core.host import GPU_FAMILIES, CpuReader, GpuReader
 from pyserve.core.stats import FAILURE_REASONS
 
 if TYPE_CHECKING:
     from pyserve.core.cache import ResponseCache
     from pyserve.core.registry import ModelEntry
     from pyserve.core.server import CoreServer
-
-logger = logging.getLogger(__name__)
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
@@ -215,151 +212,6 @@ class LatencyRecorder:
     def first_response(self, ns: int) -> None:
         if self.first_response_ms is not None:
             self.first_response_ms.observe(ns / 1e6)
-
-
-# host readings -------------------------------------------------------------------------------------------------
-
-
-class CpuReader:
-    """nv_cpu_* from /proc (Linux): utilization since the previous reading, memory used and total."""
-
-    def __init__(self, proc: str = "/proc") -> None:
-        self._proc = proc
-        self._last = self._cpu_times()
-
-    def _cpu_times(self) -> tuple[int, int] | None:
-        try:
-            with open(os.path.join(self._proc, "stat"), encoding="ascii") as handle:
-                fields = handle.readline().split()
-        except OSError:
-            return None
-        if not fields or fields[0] != "cpu":
-            return None
-        # user nice system idle iowait irq softirq steal (guest time is already in user and nice)
-        values = [int(v) for v in fields[1:9]]
-        idle = values[3] + values[4]
-        return sum(values), idle
-
-    def utilization(self) -> float | None:
-        """Busy share of all cores since the previous call (0.0 - 1.0); None where /proc/stat is missing."""
-        now = self._cpu_times()
-        last, self._last = self._last, now
-        if now is None or last is None:
-            return None
-        total, idle = now[0] - last[0], now[1] - last[1]
-        return 0.0 if total <= 0 else max(0.0, min(1.0, (total - idle) / total))
-
-    def memory(self) -> tuple[int, int] | None:
-        """(total, used) bytes of RAM, used = MemTotal - MemAvailable; None where /proc/meminfo is missing."""
-        values: dict[str, int] = {}
-        try:
-            with open(os.path.join(self._proc, "meminfo"), encoding="ascii") as handle:
-                for line in handle:
-                    name, _, rest = line.partition(":")
-                    if name in ("MemTotal", "MemAvailable"):
-                        values[name] = int(rest.split()[0]) * 1024
-        except (OSError, ValueError, IndexError):
-            return None
-        if len(values) != 2:
-            return None
-        return values["MemTotal"], values["MemTotal"] - values["MemAvailable"]
-
-
-class GpuReader:
-    """nv_gpu_* through NVML (``nvidia-ml-py``, the ``gpu`` extra): one reading per scrape, per visible GPU."""
-
-    def __init__(self, nvml: Any, handles: list[tuple[str, Any]]) -> None:
-        self._nvml = nvml
-        self._handles = handles
-        self._energy_start: dict[str, float] = {}
-        for uuid, handle in handles:
-            energy = self._call(nvml.nvmlDeviceGetTotalEnergyConsumption, handle)
-            if energy is not None:
-                self._energy_start[uuid] = float(energy)
-
-    @classmethod
-    def open(cls) -> GpuReader | None:
-        """A reader of the GPUs this process may use, or None (no NVML, no driver or no GPU)."""
-        try:
-            import pynvml
-        except ImportError:
-            return None
-        try:
-            pynvml.nvmlInit()
-            count = pynvml.nvmlDeviceGetCount()
-            handles = []
-            for index in _visible_gpus(count):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                uuid = pynvml.nvmlDeviceGetUUID(handle)
-                handles.append((uuid.decode() if isinstance(uuid, bytes) else str(uuid), handle))
-        except Exception as exc:  # NVMLError: library or driver missing, no device
-            logger.debug("no GPU metrics: %s", exc)
-            return None
-        if not handles:
-            return None
-        return cls(pynvml, handles)
-
-    def close(self) -> None:
-        """Release NVML."""
-        try:
-            self._nvml.nvmlShutdown()
-        except Exception:
-            logger.debug("nvmlShutdown failed", exc_info=True)
-
-    @staticmethod
-    def _call(function: Any, *args: Any) -> Any:
-        try:
-            return function(*args)
-        except Exception:  # a reading this GPU does not support (power on some boards): leave it out
-            return None
-
-    def read(self) -> dict[str, list[tuple[str, float]]]:
-        """Family name -> [(gpu_uuid, value)]."""
-        nvml = self._nvml
-        out: dict[str, list[tuple[str, float]]] = {name: [] for name, _, _ in GPU_FAMILIES}
-        for uuid, handle in self._handles:
-            rates = self._call(nvml.nvmlDeviceGetUtilizationRates, handle)
-            if rates is not None:
-                out["nv_gpu_utilization"].append((uuid, rates.gpu / 100.0))
-            memory = self._call(nvml.nvmlDeviceGetMemoryInfo, handle)
-            if memory is not None:
-                out["nv_gpu_memory_total_bytes"].append((uuid, float(memory.total)))
-                out["nv_gpu_memory_used_bytes"].append((uuid, float(memory.used)))
-            power = self._call(nvml.nvmlDeviceGetPowerUsage, handle)
-            if power is not None:
-                out["nv_gpu_power_usage"].append((uuid, power / 1000.0))
-            limit = self._call(nvml.nvmlDeviceGetPowerManagementLimit, handle)
-            if limit is not None:
-                out["nv_gpu_power_limit"].append((uuid, limit / 1000.0))
-            energy = self._call(nvml.nvmlDeviceGetTotalEnergyConsumption, handle)
-            if energy is not None and uuid in self._energy_start:
-                out["nv_energy_consumption"].append((uuid, (energy - self._energy_start[uuid]) / 1000.0))
-        return out
-
-
-GPU_FAMILIES = (
-    ("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", "gauge"),
-    ("nv_gpu_memory_total_bytes", "GPU total memory, in bytes", "gauge"),
-    ("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", "gauge"),
-    ("nv_gpu_power_usage", "GPU power usage in watts", "gauge"),
-    ("nv_gpu_power_limit", "GPU power management limit in watts", "gauge"),
-    ("nv_energy_consumption", "GPU energy consumption in joules since the Triton Server started", "counter"),
-)
-
-
-def _visible_gpus(count: int) -> list[int]:
-    # Report the GPUs this server may place instances on: CUDA_VISIBLE_DEVICES (indexes) when set.
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return list(range(count))
-    indexes = []
-    for item in visible.split(","):
-        item = item.strip()
-        if not item.isdigit():
-            break  # CUDA stops at the first invalid entry; UUID lists are not mapped here
-        if int(item) < count:
-            indexes.append(int(item))
-    return indexes
 
 
 # the collector ---------------------------------------------------------------------------------------------------

@@ -18,7 +18,15 @@ from pyserve.errors import InvalidInputError
 
 SERVER_NAME = "pyserve"
 SERVER_VERSION = __version__
-EXTENSIONS = ["binary_tensor_data", "parameters", "statistics", "model_configuration", "schedule_policy"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "model_configuration",
+    "schedule_policy",
+    "trace",
+    "logging",
+]
 
 # Request parameters Triton defines; any other name starting with "triton_" is reserved and refused.
 TRITON_PARAMETERS = frozenset({"triton_enable_empty_final_response"})

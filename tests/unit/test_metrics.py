@@ -16,15 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyserve import ModelConfig, ServeConfig, Tensor
 from pyserve.config import ModelSpec
 from pyserve.core.cache import ResponseCache
+from pyserve.core.host import CpuReader
 from pyserve.core.inference import InferenceRequest
-from pyserve.core.metrics import (
-    BucketHistogram,
-    CoreMetrics,
-    CpuReader,
-    LatencyRecorder,
-    SlidingQuantiles,
-    render,
-)
+from pyserve.core.metrics import BucketHistogram, CoreMetrics, LatencyRecorder, SlidingQuantiles, render
 from pyserve.core.registry import Instance, ModelEntry, Registry
 from pyserve.core.scheduler import ModelScheduler
 from pyserve.core.stats import BACKEND, CANCELED, OTHER, REJECTED
@@ -391,7 +385,7 @@ class FakeNvml:
 
 
 def test_gpu_readings_use_tritons_names_and_the_gpu_uuid_label() -> None:
-    from pyserve.core.metrics import GpuReader
+    from pyserve.core.host import GpuReader
 
     nvml = FakeNvml(power_limit=False)
     metrics = CoreMetrics(core_with(), gpu=False)
@@ -410,7 +404,7 @@ def test_gpu_readings_use_tritons_names_and_the_gpu_uuid_label() -> None:
 def test_the_grafana_dashboard_queries_only_metrics_the_server_exposes() -> None:
     import json
 
-    from pyserve.core.metrics import GpuReader
+    from pyserve.core.host import GpuReader
 
     dashboard = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json").read_text())
     queried = {
