@@ -134,6 +134,7 @@ class Serve:
         for key, ensemble in list(self._ensembles.items()):
             if key not in self._loaded_ensembles:
                 self._load_ensemble(ensemble)
+        self._request({"t": "serving"})
         return self
 
     def bind_ensemble(

@@ -71,6 +71,7 @@ class CoreServer:
         self.shm_prefix = shm_prefix
         self.parent_pid = parent_pid
         self.registry = Registry()
+        self.serving = False
         self.http_port = 0
         self.grpc_port = 0
         self.metrics_port = 0
@@ -195,8 +196,8 @@ class CoreServer:
     # requests from front ends ---------------------------------------------------------------------------------
 
     def is_ready(self) -> bool:
-        """Server readiness: every bound model has a live instance."""
-        return all(entry.ready for entry in self.registry.entries())
+        """Server readiness: the models bound before start are loaded, and every model has a live instance."""
+        return self.serving and all(entry.ready for entry in self.registry.entries())
 
     def submit(self, request: InferenceRequest) -> None:
         """Queue a validated request on its model's scheduler (an ensemble's goes to the ensemble executor)."""
@@ -340,6 +341,10 @@ class CoreServer:
             self._on_unload(identity, header)
         elif kind == "bye":
             self._on_bye(identity)
+        elif kind == "serving":
+            # Serve loaded what was bound before start: from now on readiness is the models' own.
+            self.serving = True
+            self._send(identity, {"t": "ok", "rid": header.get("rid")})
         elif kind == "shutdown":
             self._send(identity, {"t": "ok", "rid": header.get("rid")})
             self.stop()

@@ -228,3 +228,62 @@ def test_a_running_request_sees_its_client_go_away() -> None:
             assert started.wait(10)
         # The connection is closed while the function runs: its request's flag must go up.
         assert observed_cancel.wait(5), "the running function never saw Request.is_cancelled"
+
+
+class SlowToLoad(WhereAmI):
+    def setup(self, device: str) -> None:
+        time.sleep(1.5)
+        super().setup(device)
+
+
+def test_the_server_is_not_ready_until_the_models_bound_before_start_are_loaded() -> None:
+    import urllib.error
+    import urllib.request
+
+    server = Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0))
+    server.bind("slow", SlowToLoad, FP32_IN, INFO_OUT, ModelConfig(max_batch_size=4, worker="process"))
+    starter = threading.Thread(target=server.run)
+    starter.start()
+    answers = []
+    try:
+        deadline = time.monotonic() + 30
+        while starter.is_alive() and time.monotonic() < deadline:
+            if server.http_port:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/v2/health/ready", timeout=5) as r:
+                        answers.append(r.status)
+                except urllib.error.HTTPError as exc:
+                    answers.append(exc.code)
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        starter.join(30)
+        assert 400 in answers, "readiness was never observed while the model loaded"
+        assert 200 not in answers, "the server said ready before its models were loaded"
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/v2/health/ready", timeout=5) as r:
+            assert r.status == 200
+        assert where(server, "slow")["device"] == "cpu"
+    finally:
+        starter.join(30)
+        server.stop()
+
+
+def test_a_core_is_not_ready_before_serve_has_loaded_its_models() -> None:
+    import urllib.error
+    import urllib.request
+
+    def ready_status(port: int) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=5) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    server = Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0))
+    try:
+        server._start_core()  # the core is up, but Serve has not loaded (or even sent) any model yet
+        assert ready_status(server.http_port) == 400
+        server.run()
+        assert ready_status(server.http_port) == 200
+    finally:
+        server.stop()
