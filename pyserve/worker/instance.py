@@ -103,17 +103,18 @@ class InstanceRunner:
                     }
                 )
             )
-            poller = zmq.Poller()
-            poller.register(socket, zmq.POLLIN)
+            # A blocking receive with a timeout wakes up one layer sooner than poll() followed by a receive.
+            socket.setsockopt(zmq.RCVTIMEO, _POLL_MS)
             while not stop.is_set():
                 if bls.deferred:
                     frames = bls.deferred.popleft()
-                elif not poller.poll(_POLL_MS):
-                    if self._parent_pid and os.getppid() != self._parent_pid:
-                        return
-                    continue
                 else:
-                    frames = socket.recv_multipart(copy=False)
+                    try:
+                        frames = socket.recv_multipart(copy=False)
+                    except zmq.Again:
+                        if self._parent_pid and os.getppid() != self._parent_pid:
+                            return
+                        continue
                 header = unpack_header(frames[0].buffer)
                 kind = header["t"]
                 if kind == "infer":
