@@ -526,12 +526,15 @@ def _decompress(body: bytes | bytearray, encoding: bytes, limit: int) -> bytes:
     return out
 
 
-async def start_http_server(core: CoreServer, config: ServeConfig) -> tuple[asyncio.base_events.Server, int]:
-    """Listen on config.host:http_port; returns the server and the bound port."""
-    app = HttpApp(core, config)
+async def listen(app: HttpApp, host: str, port: int, backlog: int) -> tuple[asyncio.base_events.Server, int]:
+    """Serve ``app`` over HTTP on host:port (0 picks a free port); returns the server and the bound port."""
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: HttpProtocol(app), host=config.host, port=config.http_port, reuse_address=True, backlog=1024
+        lambda: HttpProtocol(app), host=host, port=port, reuse_address=True, backlog=backlog
     )
-    port = server.sockets[0].getsockname()[1]
-    return server, port
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def start_http_server(core: CoreServer, config: ServeConfig) -> tuple[asyncio.base_events.Server, int]:
+    """Listen on config.host:http_port; returns the server and the bound port."""
+    return await listen(HttpApp(core, config), config.host, config.http_port, backlog=1024)

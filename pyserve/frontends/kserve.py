@@ -35,12 +35,7 @@ def decode_request(body: bytes | bytearray | memoryview, header_length: int | No
                 f"Inference-Header-Content-Length {header_length} is larger than the request body ({len(view)} bytes)"
             )
         header_bytes, binary = view[:header_length], view[header_length:]
-    try:
-        doc = orjson.loads(header_bytes)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInputError(f"failed to parse the request JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidInputError("the request JSON must be an object")
+    doc = _json_object(header_bytes, "request")
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidInputError(f"request 'id' must be a string, got {type(request_id).__name__}")
@@ -308,18 +303,23 @@ def _json_data(output: OutputTensor) -> Any:
 # generate extension ------------------------------------------------------------------------------------------
 
 
+def _json_object(data: bytes | bytearray | memoryview, what: str) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInputError(f"failed to parse the {what} JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInputError(f"the {what} JSON must be an object")
+    return doc
+
+
 def decode_generate_request(body: bytes | bytearray | memoryview, entry: ModelEntry) -> InferCall:
     """Decode a ``/generate`` body: a JSON object whose keys are model inputs or parameters (as Triton maps them).
 
     A key naming a model input becomes that input (a scalar or a flat list, its shape filled in from the model's
     declared shape); any other key, and every key of a nested ``parameters`` object, is a request parameter.
     """
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInputError(f"failed to parse the generate request JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidInputError("the generate request JSON must be an object")
+    doc = _json_object(body, "generate request")
     inputs: dict[str, InputTensor] = {}
     parameters: dict[str, Any] = {}
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from pyserve.config import ServeConfig
 from pyserve.core.metrics import CONTENT_TYPE
-from pyserve.frontends.http import HttpApp, HttpProtocol, HttpRequest
+from pyserve.frontends.http import HttpApp, HttpProtocol, HttpRequest, listen
 
 if TYPE_CHECKING:
     from pyserve.core.server import CoreServer
@@ -41,10 +41,4 @@ class MetricsApp(HttpApp):
 
 async def start_metrics_server(core: CoreServer, config: ServeConfig) -> tuple[asyncio.base_events.Server, int]:
     """Listen on config.host:metrics_port (0 picks a free port); returns the server and the bound port."""
-    app = MetricsApp(core, config)
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: HttpProtocol(app), host=config.host, port=config.metrics_port, reuse_address=True, backlog=128
-    )
-    port = server.sockets[0].getsockname()[1]
-    return server, port
+    return await listen(MetricsApp(core, config), config.host, config.metrics_port, backlog=128)

@@ -8,9 +8,13 @@ never clash.
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -351,3 +355,28 @@ def raw_http(server: Serve) -> RawHttp:
 def raw_http_for() -> type[RawHttp]:
     """RawHttp itself, for tests that start their own server: ``raw_http_for(port)``."""
     return RawHttp
+
+
+def find_perf_analyzer(repo_root: Path) -> str | None:
+    """$PERF_ANALYZER, else <repo>/.tools/pa/perf_analyzer, else perf_analyzer on PATH: the first that runs."""
+    candidates = [os.environ.get("PERF_ANALYZER"), str(repo_root / ".tools" / "pa" / "perf_analyzer")]
+    candidates.append(shutil.which("perf_analyzer"))
+    for candidate in candidates:
+        if not candidate or not os.access(candidate, os.X_OK):
+            continue
+        try:
+            probe = subprocess.run([candidate, "--version"], capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if probe.returncode == 0:
+            return candidate
+    return None
+
+
+@pytest.fixture(scope="session")
+def perf_analyzer(repo_root: Path) -> str:
+    """Triton's load generator; tests that need it skip with the reason where it cannot run."""
+    found = find_perf_analyzer(repo_root)
+    if found is None:
+        pytest.skip("perf_analyzer not found or not runnable: set $PERF_ANALYZER, or install it at .tools/pa/")
+    return found

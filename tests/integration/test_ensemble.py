@@ -8,7 +8,6 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,8 +18,6 @@ from tritonclient.utils import InferenceServerException
 
 from pyserve import DynamicBatcher, ModelConfig, Request, Serve, ServeConfig, Step, Tensor, batch
 from pyserve.errors import ConfigError, ModelAlreadyBoundError
-
-from .test_perf_analyzer import find_perf_analyzer
 
 pytestmark = pytest.mark.integration
 
@@ -400,14 +397,6 @@ def test_bind_mistakes_are_clear_and_a_running_server_loads_an_ensemble_at_once(
 
 
 # perf_analyzer -------------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def perf_analyzer(repo_root: Path) -> str:
-    found = find_perf_analyzer(repo_root)
-    if found is None:
-        pytest.skip("perf_analyzer not found or not runnable: set $PERF_ANALYZER, or install it at .tools/pa/")
-    return found
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -4,24 +4,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 import tritonclient.grpc as triton_grpc
 
 from pyserve import Serve
 
-from .test_perf_analyzer import find_perf_analyzer
-
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def perf_analyzer(repo_root: Path) -> str:
-    found = find_perf_analyzer(repo_root)
-    if found is None:
-        pytest.skip("perf_analyzer not found or not runnable: set $PERF_ANALYZER, or install it at .tools/pa/")
-    return found
 
 
 def run_perf_analyzer(perf_analyzer: str, server: Serve, model: str, *options: str) -> str:

@@ -26,8 +26,6 @@ from tritonclient.utils import InferenceServerException
 
 from pyserve import DynamicBatcher, ModelConfig, QueuePolicy, Request, Serve, ServeConfig, Tensor
 
-from .test_perf_analyzer import find_perf_analyzer
-
 pytestmark = pytest.mark.integration
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "triton-2.51"
@@ -369,10 +367,7 @@ def test_decoupled_models_report_response_stats_and_the_first_response_histogram
 # perf_analyzer ------------------------------------------------------------------------------------------------
 
 
-def test_perf_analyzer_collects_metrics_and_its_server_breakdown_adds_up(server: Serve, repo_root: Path) -> None:
-    perf_analyzer = find_perf_analyzer(repo_root)
-    if perf_analyzer is None:
-        pytest.skip("perf_analyzer not found or not runnable: set $PERF_ANALYZER, or install it at .tools/pa/")
+def test_perf_analyzer_collects_metrics_and_its_server_breakdown_adds_up(server: Serve, perf_analyzer: str) -> None:
     command = [
         perf_analyzer,
         "-m",

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import tritonclient.http as triton_http
@@ -14,30 +11,6 @@ import tritonclient.http as triton_http
 from pyserve import Serve
 
 pytestmark = pytest.mark.integration
-
-
-def find_perf_analyzer(repo_root: Path) -> str | None:
-    """$PERF_ANALYZER, else <repo>/.tools/pa/perf_analyzer, else perf_analyzer on PATH: the first that runs."""
-    candidates = [os.environ.get("PERF_ANALYZER"), str(repo_root / ".tools" / "pa" / "perf_analyzer")]
-    candidates.append(shutil.which("perf_analyzer"))
-    for candidate in candidates:
-        if not candidate or not os.access(candidate, os.X_OK):
-            continue
-        try:
-            probe = subprocess.run([candidate, "--version"], capture_output=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if probe.returncode == 0:
-            return candidate
-    return None
-
-
-@pytest.fixture(scope="module")
-def perf_analyzer(repo_root: Path) -> str:
-    found = find_perf_analyzer(repo_root)
-    if found is None:
-        pytest.skip("perf_analyzer not found or not runnable: set $PERF_ANALYZER, or install it at .tools/pa/")
-    return found
 
 
 def test_perf_analyzer_http_concurrency_1_and_8(
