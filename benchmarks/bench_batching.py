@@ -25,36 +25,33 @@ import contextlib
 import dataclasses
 import json
 import os
-import signal
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import batching_server as models
 from _common import (
+    BenchError,
     Check,
+    Measurement,
     PerfRun,
+    ServerSpec,
+    bench_main,
     cpu_busy_fraction,
+    ensure_pytriton_venv,
     execution_counts,
+    find_perf_analyzer,
     format_checks,
     format_table,
-    run_perf_analyzer,
-    with_server_script,
-)
-from bench_http import (
-    BenchError,
-    Measurement,
-    ServerSpec,
-    ensure_pytriton_venv,
-    find_perf_analyzer,
     pyserve_spec,
     pytriton_spec,
+    run_perf_analyzer,
     running_server,
+    with_server_script,
 )
 
 SERVER_SCRIPT = Path(models.__file__).resolve()
@@ -336,39 +333,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _sigterm(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
+@bench_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; 0 when every measurement succeeded, 1 otherwise, 130 on interrupt."""
     args = parse_args(argv)
     plan = QUICK if args.quick else FULL
-    signal.signal(signal.SIGTERM, _sigterm)  # so a SIGTERM also unwinds through the servers' cleanup
     started = time.monotonic()
-    try:
-        perf_analyzer = find_perf_analyzer(args.perf_analyzer)
+    perf_analyzer = find_perf_analyzer(args.perf_analyzer)
+    if args.pytriton:
+        ensure_pytriton_venv()
+    busy = cpu_busy_fraction()
+    if busy is not None and busy > BUSY_WARNING:
+        print(f"warning: {busy:.0%} of the CPUs were busy before the servers started; numbers will be low")
+    iterations = calibrate_loop_iterations(LOOP_TARGET_MS)
+    loop_ms = min(_timed(models.burn, iterations) for _ in range(3)) * 1000
+    print(f"CPU-bound model: {iterations} loop iterations per request (~{loop_ms:.1f} ms here)", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-batching-") as tmp:
+        work = Path(tmp)
+        results = run_pyserve(perf_analyzer, plan, iterations, work / "pyserve.log")
         if args.pytriton:
-            ensure_pytriton_venv()
-        busy = cpu_busy_fraction()
-        if busy is not None and busy > BUSY_WARNING:
-            print(f"warning: {busy:.0%} of the CPUs were busy before the servers started; numbers will be low")
-        iterations = calibrate_loop_iterations(LOOP_TARGET_MS)
-        loop_ms = min(_timed(models.burn, iterations) for _ in range(3)) * 1000
-        print(f"CPU-bound model: {iterations} loop iterations per request (~{loop_ms:.1f} ms here)", flush=True)
-        with tempfile.TemporaryDirectory(prefix="bench-batching-") as tmp:
-            work = Path(tmp)
-            results = run_pyserve(perf_analyzer, plan, iterations, work / "pyserve.log")
-            if args.pytriton:
-                home = work / "pytriton-home"
-                home.mkdir()
-                results += run_pytriton(perf_analyzer, plan, work / "pytriton.log", home)
-    except BenchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted; servers stopped", file=sys.stderr)
-        return 130
+            home = work / "pytriton-home"
+            home.mkdir()
+            results += run_pytriton(perf_analyzer, plan, work / "pytriton.log", home)
     elapsed = time.monotonic() - started
 
     checks = all_checks(results, args.pytriton)

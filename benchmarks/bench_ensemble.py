@@ -37,8 +37,19 @@ from pathlib import Path
 from typing import Any
 
 import ensemble_server
-from _common import Check, PerfRun, format_checks, format_table, run_perf_analyzer, with_server_script
-from bench_http import BenchError, find_perf_analyzer, pyserve_spec, running_server
+from _common import (
+    BenchError,
+    Check,
+    PerfRun,
+    bench_main,
+    find_perf_analyzer,
+    format_checks,
+    format_table,
+    pyserve_spec,
+    run_perf_analyzer,
+    running_server,
+    with_server_script,
+)
 
 SERVER_SCRIPT = Path(ensemble_server.__file__).resolve()
 ENSEMBLE = "sentiment"
@@ -184,6 +195,7 @@ def _perf_analyzer(explicit: str | None) -> str | None:
         return None
 
 
+@bench_main
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration-s", type=float, default=4.0, help="length of one round (default 4)")
@@ -280,8 +292,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
+    sys.exit(main())

@@ -21,31 +21,30 @@ import itertools
 import json
 import os
 import queue
-import signal
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import numpy as np
-from _common import PerfRun, run_perf_analyzer
-from bench_http import (
+from _common import (
     MODEL_NAME,
-    BenchError,
     Measurement,
+    PerfRun,
     ServerSpec,
-    build_rows,
+    bench_main,
     ensure_pytriton_venv,
     find_perf_analyzer,
-    format_table,
+    int_list,
     pyserve_spec,
     pytriton_spec,
+    run_perf_analyzer,
     running_server,
 )
+from bench_http import build_rows, format_table
 
 STREAM_MODEL_NAME = "stream_fp32"
 STREAM_TOKENS = 32  # what both servers' stream_fp32 yields per request (pyserve_server.py, pytriton_server.py)
@@ -196,23 +195,13 @@ def stream_table(streams: dict[str, StreamLatency]) -> str:
     return "\n".join(text)
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pytriton", action="store_true", help="also benchmark PyTriton 0.7.0 and print ratios")
     parser.add_argument("--duration-ms", type=int, default=2000, help="perf_analyzer window (-p), ms (default 2000)")
-    parser.add_argument("--shapes", type=_int_list, default=[16, LARGE_SHAPE], help="INPUT0 lengths")
-    parser.add_argument("--concurrency", type=_int_list, default=[1, 4, 16], help="concurrencies (default 1,4,16)")
+    parser.add_argument("--shapes", type=int_list, default=[16, LARGE_SHAPE], help="INPUT0 lengths")
+    parser.add_argument("--concurrency", type=int_list, default=[1, 4, 16], help="concurrencies (default 1,4,16)")
     parser.add_argument("--max-trials", type=int, default=10, help="perf_analyzer -r (default 10)")
     parser.add_argument("--stability-percentage", type=float, default=None, help="perf_analyzer -s (default 10)")
     parser.add_argument("--retry-stability", type=float, default=25.0, help="-s of one retry (0: no retry)")
@@ -227,35 +216,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _sigterm(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
+@bench_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; 0 on success, 1 on failure, 130 on interrupt."""
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _sigterm)  # so a SIGTERM also unwinds through the servers' cleanup
     streams: dict[str, StreamLatency] = {}
-    try:
-        perf_analyzer = find_perf_analyzer(args.perf_analyzer)
-        pytriton_python = ensure_pytriton_venv() if args.pytriton else None
-        with tempfile.TemporaryDirectory(prefix="bench-grpc-") as tmp:
-            work = Path(tmp)
-            started = time.monotonic()
-            pyserve, streams["pyserve"] = run_server(pyserve_spec(), work / "pyserve.log", perf_analyzer, args)
-            pytriton = None
-            if pytriton_python is not None:
-                home = work / "pytriton-home"
-                home.mkdir()
-                spec = pytriton_spec(pytriton_python, home)
-                pytriton, streams["PyTriton"] = run_server(spec, work / "pytriton.log", perf_analyzer, args)
-            elapsed = time.monotonic() - started
-    except BenchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted; servers stopped", file=sys.stderr)
-        return 130
+    perf_analyzer = find_perf_analyzer(args.perf_analyzer)
+    pytriton_python = ensure_pytriton_venv() if args.pytriton else None
+    with tempfile.TemporaryDirectory(prefix="bench-grpc-") as tmp:
+        work = Path(tmp)
+        started = time.monotonic()
+        pyserve, streams["pyserve"] = run_server(pyserve_spec(), work / "pyserve.log", perf_analyzer, args)
+        pytriton = None
+        if pytriton_python is not None:
+            home = work / "pytriton-home"
+            home.mkdir()
+            spec = pytriton_spec(pytriton_python, home)
+            pytriton, streams["PyTriton"] = run_server(spec, work / "pytriton.log", perf_analyzer, args)
+        elapsed = time.monotonic() - started
 
     rows = build_rows(args.shapes, args.concurrency, pyserve, pytriton)
     print()

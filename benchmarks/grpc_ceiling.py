@@ -17,8 +17,15 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from _common import PerfRun, run_perf_analyzer
-from bench_http import MODEL_NAME, find_perf_analyzer, free_ports, pyserve_spec, running_server
+from _common import (
+    MODEL_NAME,
+    PerfRun,
+    find_perf_analyzer,
+    free_ports,
+    pyserve_spec,
+    run_perf_analyzer,
+    running_server,
+)
 
 
 async def serve_echo(port: int) -> None:
