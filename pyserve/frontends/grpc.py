@@ -170,7 +170,11 @@ class GrpcFrontend:
         return pb.ServerReadyResponse(ready=self.core.is_ready())
 
     def _model_ready(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=self._entry(request.name, request.version).ready)
+        # Triton answers an unknown model or version with ready=false and status OK, not NOT_FOUND.
+        try:
+            return pb.ModelReadyResponse(ready=self._entry(request.name, request.version).ready)
+        except ModelNotFoundError:
+            return pb.ModelReadyResponse(ready=False)
 
     def _health_check(self, request: health_pb2.HealthCheckRequest) -> health_pb2.HealthCheckResponse:
         if request.service not in ("", SERVICE):
