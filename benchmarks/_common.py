@@ -108,7 +108,8 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def _log_tail(path: Path, lines: int = 40) -> str:
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a server log (or a note that there is none)."""
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -166,16 +167,16 @@ def running_server(spec: ServerSpec, log_path: Path) -> Iterator[str]:
             if process.poll() is not None:
                 raise BenchError(
                     f"{spec.name} exited with status {process.returncode} before it was ready; log tail:\n"
-                    f"{_log_tail(log_path)}"
+                    f"{log_tail(log_path)}"
                 )
             if time.monotonic() > deadline:
                 raise BenchError(
-                    f"{spec.name} was not ready within {spec.startup_timeout_s:.0f} s; log tail:\n{_log_tail(log_path)}"
+                    f"{spec.name} was not ready within {spec.startup_timeout_s:.0f} s; log tail:\n{log_tail(log_path)}"
                 )
             time.sleep(0.2)
         yield f"127.0.0.1:{spec.http_port}"
         if process.poll() is not None:
-            raise BenchError(f"{spec.name} exited during the benchmark; log tail:\n{_log_tail(log_path)}")
+            raise BenchError(f"{spec.name} exited during the benchmark; log tail:\n{log_tail(log_path)}")
     finally:
         stop_server(process, spec.stop_timeout_s)
 

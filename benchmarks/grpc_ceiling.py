@@ -13,15 +13,19 @@ import argparse
 import contextlib
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from _common import (
     MODEL_NAME,
+    BenchError,
     PerfRun,
+    bench_main,
     find_perf_analyzer,
     free_ports,
+    log_tail,
     pyserve_spec,
     run_perf_analyzer,
     running_server,
@@ -97,9 +101,12 @@ async def serve_echo(port: int) -> None:
 
 
 @contextlib.contextmanager
-def echo_server(port: int) -> Iterator[None]:
+def echo_server(port: int, log_path: Path) -> Iterator[None]:
     """The echo server in a child process (this script with --serve-echo), stopped on exit."""
-    process = subprocess.Popen([sys.executable, __file__, "--serve-echo", str(port)])
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, __file__, "--serve-echo", str(port)], stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         import tritonclient.grpc as grpcclient
 
@@ -110,7 +117,7 @@ def echo_server(port: int) -> Iterator[None]:
                 if client.is_model_ready(MODEL_NAME):
                     break
             if time.monotonic() > deadline or process.poll() is not None:
-                raise RuntimeError("the echo server did not start")
+                raise BenchError(f"the echo server did not start; log tail:\n{log_tail(log_path)}")
             time.sleep(0.1)
         client.close()
         yield
@@ -123,6 +130,7 @@ def echo_server(port: int) -> Iterator[None]:
             process.wait()
 
 
+@bench_main
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="1,16")
@@ -140,32 +148,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     results: dict[str, dict[int, tuple[float, float]]] = {}
 
-    def measure(name: str, url: str) -> None:
+    def measure(name: str, url: str, log_path: Path) -> None:
+        # A failed run must stop the benchmark with its reason and the server's log, never yield a ratio of zeros.
         results[name] = {}
         for concurrency in concurrencies:
             run = PerfRun(
                 MODEL_NAME, (f"INPUT0:{args.shape}",), concurrency, window_ms=args.duration_ms, protocol="grpc"
             )
             m = run_perf_analyzer(perf_analyzer, url, run)
+            if m.error is not None or m.throughput <= 0:
+                raise BenchError(
+                    f"{name} c{concurrency}: the measurement failed: {m.error or 'no throughput measured'}\n"
+                    f"server log tail ({log_path}):\n{log_tail(log_path)}"
+                )
             results[name][concurrency] = (m.throughput, m.p50_us)
-            print(
-                f"  {name} c{concurrency}: {m.throughput:.0f} infer/s, p50 {m.p50_us:.0f} us {m.error or ''}",
-                flush=True,
-            )
+            print(f"  {name} c{concurrency}: {m.throughput:.0f} infer/s, p50 {m.p50_us:.0f} us", flush=True)
 
-    (port,) = free_ports(1)
-    with echo_server(port):
-        measure("bare grpc.aio echo", f"127.0.0.1:{port}")
-    spec = pyserve_spec()
-    with running_server(spec, Path("/dev/null")):
-        measure("pyserve", f"127.0.0.1:{spec.grpc_port}")
+    with tempfile.TemporaryDirectory(prefix="grpc-ceiling-") as tmp:
+        (port,) = free_ports(1)
+        echo_log = Path(tmp) / "echo.log"
+        with echo_server(port, echo_log):
+            measure("bare grpc.aio echo", f"127.0.0.1:{port}", echo_log)
+        spec = pyserve_spec()
+        pyserve_log = Path(tmp) / "pyserve.log"
+        with running_server(spec, pyserve_log):
+            measure("pyserve", f"127.0.0.1:{spec.grpc_port}", pyserve_log)
     print(f"\ngRPC, {args.shape} floats: pyserve as a share of the bare grpc.aio echo")
     for concurrency in concurrencies:
         bare, ours = results["bare grpc.aio echo"][concurrency], results["pyserve"][concurrency]
-        share = ours[0] / bare[0] if bare[0] else 0.0
         print(
             f"  c{concurrency:<3} echo {bare[0]:>8.0f}/s p50 {bare[1]:>6.0f} us | pyserve {ours[0]:>8.0f}/s "
-            f"p50 {ours[1]:>6.0f} us | {share:.2f}x of the ceiling"
+            f"p50 {ours[1]:>6.0f} us | {ours[0] / bare[0]:.2f}x of the ceiling"
         )
     return 0
 
