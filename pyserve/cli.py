@@ -1,18 +1,47 @@
-"""The ``pyserve`` command: ``pyserve demo``, ``pyserve serve module:obj``."""
+"""The ``pyserve`` command: ``pyserve demo``, ``pyserve serve module:server``, ``pyserve serve module:function``.
+
+Server options (``--http-port`` ...) map onto ``ServeConfig`` fields: they are exported as the ``PYSERVE_<FIELD>``
+variables ``ServeConfig.from_env()`` (and so ``Serve()``) reads, and replace the fields they name on the config of a
+``Serve`` the module made, leaving its other fields as the module set them. docs/cli.md describes the module layouts
+``pyserve serve`` accepts.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import logging
+import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from types import FrameType, ModuleType
+from typing import Any
 
 from pyserve._version import __version__
-from pyserve.config import ServeConfig
-from pyserve.serve import Serve
+from pyserve.config import ModelConfig, ServeConfig, Tensor
+from pyserve.dtypes import DATATYPES, datatype_of
+from pyserve.errors import ConfigError, PyServeError
+from pyserve.serve import Serve, core_starts
+
+logger = logging.getLogger(__name__)
 
 _SERVER_OPTIONS = ("host", "http_port", "grpc_port", "metrics_port", "log_level")
+# Options that declare a function's model: argparse destination -> option.
+_MODEL_OPTIONS = {
+    "inputs": "--input",
+    "outputs": "--output",
+    "max_batch_size": "--max-batch-size",
+    "model_name": "--model-name",
+}
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_TENSOR_SYNTAX = "NAME:DTYPE[:SHAPE]"
+_TENSOR_EXAMPLES = "x:FP32:-1 or image:uint8:224,224,3"
+
+
+class UsageError(Exception):
+    """The command line names something that cannot be served; main() prints it and exits with status 2."""
 
 
 def _add_server_options(parser: argparse.ArgumentParser) -> None:
@@ -20,57 +49,209 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-port", type=int, help="HTTP port (default 8000; 0 picks a free one)")
     parser.add_argument("--grpc-port", type=int, help="gRPC port (default 8001; 0 picks a free one)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus metrics port (default 8002; 0 picks a free one)")
-    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING (default) or ERROR")
+    parser.add_argument(
+        "--log-level", type=str.upper, choices=_LOG_LEVELS, help="DEBUG, INFO, WARNING (default) or ERROR"
+    )
 
 
-def _serve_config(args: argparse.Namespace) -> ServeConfig:
-    overrides = {key: getattr(args, key) for key in _SERVER_OPTIONS if getattr(args, key) is not None}
-    return ServeConfig.from_env(**overrides)
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("serving a function (module:function)")
+    group.add_argument(
+        "--input",
+        dest="inputs",
+        action="append",
+        type=_tensor,
+        metavar="NAME:DTYPE[:SHAPE]",
+        help="an input tensor, once per input. DTYPE is a KServe name (FP32, INT64, BYTES, ...) or a numpy one "
+        "(float32, int64, bytes, ...); SHAPE is comma-separated dimensions without the batch dimension, -1 for a "
+        "variable one (default -1)",
+    )
+    group.add_argument(
+        "--output",
+        dest="outputs",
+        action="append",
+        type=_tensor,
+        metavar="NAME:DTYPE[:SHAPE]",
+        help="an output tensor, once per output, in the same form",
+    )
+    group.add_argument(
+        "--max-batch-size",
+        type=int,
+        metavar="N",
+        help="rows one call may get (default 0: no batch dimension); > 0 batches requests dynamically, as @batch wants",
+    )
+    group.add_argument(
+        "--model-name", metavar="NAME", help="the name clients call (default: the function's attribute name)"
+    )
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _tensor(text: str) -> Tensor:
+    """A ``--input``/``--output`` value: ``NAME:DTYPE[:SHAPE]`` with SHAPE like ``-1`` or ``3,-1``."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {_TENSOR_SYNTAX}, e.g. {_TENSOR_EXAMPLES}")
+    name, dtype, shape_text = parts[0], parts[1], parts[2] if len(parts) == 3 else "-1"
+    try:
+        shape = tuple(int(dim) for dim in shape_text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: shape {shape_text!r} must be comma-separated integers such as -1 or 3,-1"
+        ) from None
+    try:
+        datatype = datatype_of(dtype)
+    except ConfigError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: unknown dtype {dtype!r}; use a KServe name ({', '.join(DATATYPES)}) or a numpy one (float32)"
+        ) from None
+    try:
+        return Tensor(name, datatype, shape)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
+def _export_server_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The server options given, also exported as PYSERVE_<FIELD> for a module that makes ``Serve()`` itself."""
+    given = {key: getattr(args, key) for key in _SERVER_OPTIONS if getattr(args, key) is not None}
+    for key, value in given.items():
+        os.environ[f"PYSERVE_{key.upper()}"] = str(value)
+    return given
+
+
+def _demo(args: argparse.Namespace, options: dict[str, Any]) -> int:
     from pyserve.demo import bind_demo_models, usage_text
 
-    server = Serve(_serve_config(args))
+    server = Serve(ServeConfig.from_env())
     names = bind_demo_models(server)
     server.run()
-    grpc_address = f"{server.config.host}:{server.grpc_port}" if server.grpc_port else ""
-    print(usage_text(server.url, names, grpc_address), flush=True)
+    print(usage_text(server, names), flush=True)
     server.serve()
     return 0
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve(args: argparse.Namespace, options: dict[str, Any]) -> int:
     module_name, _, attribute = args.target.partition(":")
-    sys.path.insert(0, ".")
-    module = importlib.import_module(module_name)
-    target = getattr(module, attribute or "server", None)
-    if not isinstance(target, Serve):
-        print(f"pyserve: {args.target} is not a pyserve.Serve object", file=sys.stderr)
-        return 2
-    if any(getattr(args, key) is not None for key in _SERVER_OPTIONS):
-        target.config = _serve_config(args)
-    target.run()
-    print(f"pyserve is serving on {target.url}", flush=True)
-    target.serve()
+    # A module beside the caller imports as `pyserve serve app:server`, as with `python -m`.
+    sys.path.insert(0, os.getcwd())
+    starts_before = core_starts()
+    module = _import(module_name)
+    if core_starts() > starts_before:
+        return _serve_started_on_import(module)
+    attribute = attribute or "server"
+    if not hasattr(module, attribute):
+        raise UsageError(
+            f"module '{module_name}' has no attribute '{attribute}'; name a Serve or a function: "
+            f"pyserve serve {module_name}:NAME (see docs/cli.md)"
+        )
+    target = getattr(module, attribute)
+    model_options = [option for key, option in _MODEL_OPTIONS.items() if getattr(args, key) is not None]
+    if isinstance(target, Serve):
+        if model_options:
+            raise UsageError(
+                f"{' '.join(model_options)}: only for serving a function, but {module_name}:{attribute} is a Serve "
+                "with its models bound; bind them there, or name a function"
+            )
+        server = target
+        server.config = dataclasses.replace(server.config, **options)
+    elif callable(target):
+        server = _function_server(target, f"{module_name}:{attribute}", attribute, args)
+    else:
+        raise UsageError(
+            f"{module_name}:{attribute} is {type(target).__name__} {target!r}, "
+            "not a pyserve.Serve or a function to serve"
+        )
+    server.serve()
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``pyserve`` command."""
+def _import(module_name: str) -> ModuleType:
+    """Import the user's module; a module that is not there is a UsageError, not a traceback."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # Only the module named on the command line; one that module imports and lacks keeps its traceback.
+        if exc.name is None or not (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise
+        raise UsageError(f"cannot import '{module_name}': {exc} (run pyserve from the folder that holds it)") from None
+
+
+def _serve_started_on_import(module: ModuleType) -> int:
+    """The module started a Serve while it was imported (the Quickstart layout): serve that one, never another."""
+    running = [value for value in vars(module).values() if isinstance(value, Serve) and value.is_running]
+    if not running:
+        # `with Serve() as s: ...; s.serve()` at module level: it served, was stopped by a signal, and is done.
+        logger.info("%s served while it was imported and has stopped", module.__name__)
+        return 0
+    # `server = Serve().run()` at module level: it is up; block on it as `pyserve serve` blocks on any server.
+    running[0].serve()
+    return 0
+
+
+def _function_server(function: Callable[..., Any], target: str, attribute: str, args: argparse.Namespace) -> Serve:
+    """A Serve with ``function`` bound as one model, its tensors from --input/--output."""
+    missing = [option for option, given in (("--input", args.inputs), ("--output", args.outputs)) if not given]
+    if missing:
+        kind = "class" if isinstance(function, type) else "function"
+        raise UsageError(
+            f"{target} is a {kind}, so pyserve needs its tensors, and no {' or '.join(missing)} was given: "
+            f"pass --input {_TENSOR_SYNTAX} for each input and --output {_TENSOR_SYNTAX} for each output, e.g. "
+            f"pyserve serve {target} --input x:FP32:-1 --output y:FP32:-1 (see docs/cli.md)"
+        )
+    server = Serve(ServeConfig.from_env())
+    config = ModelConfig() if args.max_batch_size is None else ModelConfig(max_batch_size=args.max_batch_size)
+    server.bind(args.model_name or attribute, function, inputs=args.inputs, outputs=args.outputs, config=config)
+    return server
+
+
+def _stop_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pyserve", description="Serve Python functions over KServe v2 / Triton.")
     parser.add_argument("--version", action="version", version=f"pyserve {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="serve the embedded demo models (identity, add_sub, mlp)")
     _add_server_options(demo)
     demo.set_defaults(handler=_demo)
-    serve = commands.add_parser("serve", help="serve the Serve object of a module, e.g. `pyserve serve app:server`")
-    serve.add_argument("target", help="module:attribute naming a pyserve.Serve with models bound")
+    serve = commands.add_parser(
+        "serve",
+        help="serve a module's Serve object or one function: `pyserve serve app:server`, "
+        "`pyserve serve app:predict --input x:FP32:-1 --output y:FP32:-1`",
+        description="Serve module:NAME, where NAME is a pyserve.Serve with models bound (default: server) or a "
+        "function, served as one model with the tensors --input/--output declare. A module that serves when "
+        "imported (the Quickstart layout) is served as it is. See docs/cli.md.",
+    )
+    serve.add_argument("target", help="module:NAME, a pyserve.Serve (default NAME: server) or a function")
     _add_server_options(serve)
+    _add_model_options(serve)
     serve.set_defaults(handler=_serve)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=(args.log_level or "WARNING").upper(), format="%(levelname)s %(name)s: %(message)s")
-    return int(args.handler(args))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``pyserve`` command; returns its exit status."""
+    args = _parser().parse_args(argv)
+    level = logging.getLevelName(args.log_level or "WARNING")
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "serve" and level <= logging.WARNING:
+        # Serve announces where it serves at INFO; `serve` shows that line unless asked for errors only.
+        logging.getLogger("pyserve.serve").setLevel(min(level, logging.INFO))
+    options = _export_server_options(args)
+    # SIGTERM stops like Ctrl+C, also before Serve.serve() installs its own handlers (while a module imports), and
+    # even when started in the background, which inherits SIGINT ignored.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _stop_on_signal)
+    try:
+        return int(args.handler(args, options))
+    except KeyboardInterrupt:
+        return 0
+    except UsageError as exc:
+        print(f"pyserve: error: {exc}", file=sys.stderr)
+        return 2
+    except PyServeError as exc:
+        # pyserve's own errors say what is wrong in one line; a traceback would only bury it.
+        print(f"pyserve: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ class Tensor:
     """A declared input or output: name, dtype (numpy dtype, ``bytes``/``object`` for BYTES, ``bool``), shape.
 
     ``shape`` excludes the batch dimension when the model batches (``max_batch_size > 0``); -1 marks a
-    variable dimension. ``optional`` inputs may be left out of a request. Tensors compare by datatype, so
+    variable dimension. ``optional`` inputs may be left out of a request; ``optional`` outputs may be left out of
+    what the function returns (a missing required output fails the request). Tensors compare by datatype, so
     ``np.float32`` and ``"FP32"`` declare the same tensor.
     """
 
@@ -294,6 +295,10 @@ class ServeConfig:
     (0 turns it off); ``trace_level`` (OFF or TIMESTAMPS), ``trace_rate`` (trace one request in N) and
     ``trace_file`` (spans as JSON lines, beside the OTEL_* exporter) set up OpenTelemetry tracing;
     ``log_format`` is ``default``, ``ISO8601`` or ``json``.
+
+    Errors (docs/binding.md): when a model function raises, the server logs the traceback and the client gets the
+    exception's type and message; ``debug_errors`` (``PYSERVE_DEBUG_ERRORS=1``) sends the traceback too, which
+    shows the server's file paths and source lines, so keep it off where clients are not trusted.
     """
 
     host: str = "127.0.0.1"
@@ -314,6 +319,7 @@ class ServeConfig:
     trace_rate: int = 1000
     trace_file: str = ""
     log_format: str = "default"
+    debug_errors: bool = False
 
     def __post_init__(self) -> None:
         if self.transport not in ("ipc", "tcp"):

@@ -13,8 +13,8 @@ PyServeError
 │   ├── RequestTimeoutError      503 / DEADLINE_EXCEEDED: the request waited past its timeout
 │   ├── CancelledError           499 / CANCELLED: the client went away
 │   ├── UnsupportedError         501 / UNIMPLEMENTED: valid request this server cannot serve
-│   ├── ModelExecutionError      500 / INTERNAL: the user's function raised (message + traceback)
-│   │   └── OutputMismatchError  500 / INTERNAL: strict model returned a wrong output
+│   ├── ModelExecutionError      500 / INTERNAL: the user's function raised (type and message)
+│   │   └── OutputMismatchError  500 / INTERNAL: a model returned a missing or (strict) wrong output
 │   ├── WorkerDiedError          500 / INTERNAL: the instance running the request died
 │   └── DeadlockError            500 / INTERNAL: a BLS call could never run (it waits on its own caller)
 └── ClientError              raised by pyserve's own clients
@@ -103,14 +103,15 @@ class UnsupportedError(InferenceError):
 
 
 class ModelExecutionError(InferenceError):
-    """The model's infer function raised; the message carries its traceback."""
+    """The model's infer function raised; the message names the exception (and has its traceback with
+    ServeConfig.debug_errors)."""
 
     http_status = 500
     grpc_code = "INTERNAL"
 
 
 class OutputMismatchError(ModelExecutionError):
-    """A strict model returned an output of the wrong name, dtype or shape."""
+    """A model left out a declared or requested output, or a strict model returned a wrong name, dtype or shape."""
 
 
 class WorkerDiedError(InferenceError):

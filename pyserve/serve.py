@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import reprlib
 import select
 import shutil
 import signal
@@ -29,6 +30,7 @@ import orjson
 import zmq
 
 from pyserve.config import ModelConfig, ModelSpec, ServeConfig, Tensor, WorkerKind, as_tensors
+from pyserve.core.supervisor import open_pidfd
 from pyserve.ensemble import EnsembleSpec, Step, check_models, spec_lookup
 from pyserve.errors import ConfigError, ModelAlreadyBoundError, ServerError
 from pyserve.transport.messages import pack_header, unpack_header
@@ -39,6 +41,14 @@ logger = logging.getLogger(__name__)
 
 _CONTROL_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 5.0
+# Core processes this process has started: the CLI compares the count around importing a module, because a module
+# written like the Quickstart serves (and has stopped again) by the time its import returns.
+_core_starts = 0
+
+
+def core_starts() -> int:
+    """How many times a Serve in this process has started its core process."""
+    return _core_starts
 
 
 @dataclasses.dataclass(eq=False)
@@ -63,9 +73,12 @@ class Serve:
         self._control_lock = threading.Lock()
         self._request_ids = itertools.count(1)
         self._stop_event = threading.Event()
+        # Thread instances sleep on the read end; stop() closes the write end to wake them (see _wake_fd).
+        self._wake_pipe: tuple[int, int] | None = None
         self._runtime_dir: str | None = None
         self._session = f"pyserve-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._router_address = ""
+        self._announced = False
         self.http_port = 0
         self.grpc_port = 0
         self.metrics_port = 0
@@ -98,9 +111,7 @@ class Serve:
         if callable(infer_func):
             functions = [infer_func] * config.instances
         else:
-            functions = list(infer_func)
-            if not functions or not all(callable(f) for f in functions):
-                raise ConfigError(f"model '{model_name}': infer_func must be a callable or a list of callables")
+            functions = _callables(model_name, infer_func)
             if config.instances not in (1, len(functions)):
                 raise ConfigError(
                     f"model '{model_name}': {len(functions)} callables given but ModelConfig.instances is "
@@ -135,6 +146,11 @@ class Serve:
             if key not in self._loaded_ensembles:
                 self._load_ensemble(ensemble)
         self._request({"t": "serving"})
+        if not self._announced and (self._models or self._ensembles):
+            # Once per start, with models to call: the Quickstart starts the core (`with Serve()`) before it binds,
+            # and announces when serve() runs this again.
+            self._announced = True
+            _announce(f"pyserve serving {self._endpoints()}")
         return self
 
     def bind_ensemble(
@@ -187,8 +203,7 @@ class Serve:
             signal.signal(signum, on_signal)
         try:
             assert self._process is not None
-            while self._process.poll() is None:
-                time.sleep(0.2)
+            _wait_for_exit(self._process)
             if not self._stop_event.is_set():
                 logger.error("the core process exited with status %s", self._process.returncode)
         except KeyboardInterrupt:
@@ -204,6 +219,10 @@ class Serve:
         if process is None:
             return
         self._stop_event.set()
+        wake = self._wake_pipe
+        self._wake_pipe = None
+        if wake is not None:
+            os.close(wake[1])  # end-of-file on the read end wakes every thread instance
         if process.poll() is None:
             process.terminate()
             try:
@@ -211,11 +230,16 @@ class Serve:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        stuck = False
         for bound in self._models.values():
             for thread in bound.threads:
                 thread.join(_STOP_TIMEOUT_S)
+                stuck = stuck or thread.is_alive()
             bound.threads.clear()
             bound.loaded = False
+        if wake is not None and not stuck:
+            # A thread still inside the user's function polls the read end once it returns: leave it open then.
+            os.close(wake[0])
         self._loaded_ensembles.clear()
         if self._control is not None:
             self._control.close(linger=0)
@@ -236,6 +260,12 @@ class Serve:
     def url(self) -> str:
         """Base URL of the HTTP front end, e.g. ``http://127.0.0.1:8000``."""
         return f"http://{self.config.host}:{self.http_port}"
+
+    def _endpoints(self) -> str:
+        host = self.config.host
+        return (
+            f"HTTP on {self.url}, gRPC on {host}:{self.grpc_port}, metrics on http://{host}:{self.metrics_port}/metrics"
+        )
 
     def __enter__(self) -> Serve:
         try:
@@ -293,6 +323,9 @@ class Serve:
         control.setsockopt(zmq.LINGER, 0)
         control.connect(self._router_address)
         self._control = control
+        self._announced = False
+        global _core_starts
+        _core_starts += 1
 
     def _wait_ready(self, read_fd: int) -> dict[str, Any]:
         assert self._process is not None
@@ -313,10 +346,13 @@ class Serve:
         if not data.endswith(b"\n"):
             status = self._process.wait()
             raise ServerError(
-                f"the core process exited with status {status} before it was ready "
-                f"(is port {self.config.http_port} on {self.config.host} free?)"
+                f"the core process exited with status {status} before it was ready (its output above says why)"
             )
-        return orjson.loads(data)  # type: ignore[no-any-return]
+        ready: dict[str, Any] = orjson.loads(data)
+        if "error" in ready:
+            # An expected start-up failure (a port in use): the core names it in one line and exits.
+            raise ServerError(ready["error"])
+        return ready
 
     def _request(self, message: dict[str, Any], timeout_s: float = _CONTROL_TIMEOUT_S) -> dict[str, Any]:
         assert self._control is not None
@@ -361,6 +397,7 @@ class Serve:
                 self.config.shm_threshold_bytes,
                 self.config.shm_pool_bytes,
                 device=devices[index % len(devices)] if devices else "cpu",
+                debug_errors=self.config.debug_errors,
             )
 
             def on_ready(error: str | None, event: threading.Event = event) -> None:
@@ -369,7 +406,7 @@ class Serve:
 
             thread = threading.Thread(
                 target=runner.run,
-                args=(self._stop_event, on_ready),
+                args=(self._stop_event, on_ready, (self._wake_fd(),)),
                 name=f"pyserve-{spec.name}-{index}",
                 daemon=True,
             )
@@ -383,12 +420,69 @@ class Serve:
             raise ServerError(f"model '{spec.name}' could not start: {errors[0]}")
         bound.loaded = True
 
+    def _wake_fd(self) -> int:
+        """The read end of the pipe thread instances sleep on: readable (end-of-file) once stop() closes the write
+        end, so an idle instance needs no timer to notice the stop."""
+        if self._wake_pipe is None:
+            self._wake_pipe = os.pipe()
+        return self._wake_pipe[0]
+
     def _load_ensemble(self, ensemble: EnsembleSpec) -> None:
         # The core checks the ensemble again, against the models it serves, before serving it.
         reply = self._request({"t": "load_ensemble", "spec": ensemble.to_wire()})
         if reply["t"] == "error":
             raise ConfigError(reply["message"])
         self._loaded_ensembles.add((ensemble.name, ensemble.version))
+
+
+def _announce(line: str) -> None:
+    """Say where a server serves: through logging, or on stderr when the application configured no logging.
+
+    A library leaves output to the application, so this is an INFO record (``pyserve serve`` shows it). But a script
+    that configured no logging at all, like the Quickstart, would never learn its addresses, and logging's own
+    last-resort handler drops INFO; so then the one line goes to stderr, as werkzeug does for Flask's "Running on".
+    """
+    if logger.hasHandlers():
+        logger.info("%s", line)
+    else:
+        sys.stderr.write(line + "\n")
+
+
+def _callables(model_name: str, infer_func: object) -> list[Callable[..., Any]]:
+    """The callables of ``bind(model_name, [f, g, ...])``; anything else is a ConfigError naming what was given."""
+    if not isinstance(infer_func, Sequence) or isinstance(infer_func, (str, bytes)):
+        raise ConfigError(
+            f"model '{model_name}': infer_func must be a callable (a function, or a class to instantiate per "
+            f"instance) or a list of callables; {type(infer_func).__name__} {reprlib.repr(infer_func)} is not callable"
+        )
+    functions = list(infer_func)
+    if not functions:
+        raise ConfigError(f"model '{model_name}': infer_func is an empty list; give at least one callable")
+    for index, function in enumerate(functions):
+        if not callable(function):
+            raise ConfigError(
+                f"model '{model_name}': infer_func[{index}] is {type(function).__name__} {reprlib.repr(function)}, "
+                "which is not callable"
+            )
+    return functions
+
+
+def _wait_for_exit(process: subprocess.Popen[bytes]) -> None:
+    """Block until the process exits. Sleeps on a pidfd where the system has them (else looks every 0.2 s);
+    signals still get through, and stop() from another thread can reap the process meanwhile."""
+    try:
+        exit_fd = open_pidfd(process.pid)
+    except ProcessLookupError:
+        exit_fd = None  # reaped already: poll() below says so
+    try:
+        while process.poll() is None:
+            if exit_fd is None:
+                time.sleep(0.2)
+            else:
+                select.select([exit_fd], [], [])
+    finally:
+        if exit_fd is not None:
+            os.close(exit_fd)
 
 
 def _pickle_for_processes(spec: ModelSpec, functions: list[Callable[..., Any]]) -> bytes:

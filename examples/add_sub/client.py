@@ -1,4 +1,7 @@
-"""Call add_sub with tritonclient: ``python examples/add_sub/client.py [--url 127.0.0.1:8000]``."""
+"""Call add_sub with tritonclient: ``python examples/add_sub/client.py [--url 127.0.0.1:8000]``.
+
+It answers the same against ``pyserve demo``, whose add_sub takes the same tensors.
+"""
 
 import argparse
 
@@ -13,12 +16,12 @@ def main() -> None:
     client = httpclient.InferenceServerClient(args.url)
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     b = np.full((2, 3), 10, dtype=np.float32)
-    inputs = [httpclient.InferInput("a", a.shape, "FP32"), httpclient.InferInput("b", b.shape, "FP32")]
+    inputs = [httpclient.InferInput("INPUT0", a.shape, "FP32"), httpclient.InferInput("INPUT1", b.shape, "FP32")]
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
     result = client.infer("add_sub", inputs)
-    print("sum:\n", result.as_numpy("sum"))
-    print("diff:\n", result.as_numpy("diff"))
+    print("sum:\n", result.as_numpy("OUTPUT0"))
+    print("difference:\n", result.as_numpy("OUTPUT1"))
 
 
 if __name__ == "__main__":

@@ -1,29 +1,29 @@
-"""Serve add_sub on http://127.0.0.1:8000: ``python examples/add_sub/server.py`` (Ctrl+C stops it)."""
+"""Serve add_sub on http://127.0.0.1:8000: ``python examples/add_sub/server.py`` (Ctrl+C stops it).
+
+The README's Quickstart as a script. ``serve()`` prints where it serves (HTTP, gRPC and metrics addresses); the
+``PYSERVE_*`` environment variables (``PYSERVE_HTTP_PORT=9000``) change the ports.
+"""
 
 import numpy as np
 
-from pyserve import ModelConfig, Serve, ServeConfig, Tensor, batch
+from pyserve import ModelConfig, Serve, Tensor, batch
 
 
 @batch
-def add_sub(a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
+def add_sub(INPUT0: np.ndarray, INPUT1: np.ndarray) -> dict[str, np.ndarray]:
     """Element-wise sum and difference of two FP32 batches."""
-    return {"sum": a + b, "diff": a - b}
+    return {"OUTPUT0": INPUT0 + INPUT1, "OUTPUT1": INPUT0 - INPUT1}
 
 
 def main() -> None:
-    with Serve(ServeConfig.from_env()) as server:
+    with Serve() as server:
         server.bind(
             "add_sub",
             infer_func=add_sub,
-            inputs=[Tensor(name="a", dtype=np.float32, shape=(-1,)), Tensor(name="b", dtype=np.float32, shape=(-1,))],
-            outputs=[
-                Tensor(name="sum", dtype=np.float32, shape=(-1,)),
-                Tensor(name="diff", dtype=np.float32, shape=(-1,)),
-            ],
+            inputs=[Tensor("INPUT0", np.float32, shape=(-1,)), Tensor("INPUT1", np.float32, shape=(-1,))],
+            outputs=[Tensor("OUTPUT0", np.float32, shape=(-1,)), Tensor("OUTPUT1", np.float32, shape=(-1,))],
             config=ModelConfig(max_batch_size=64),
         )
-        print(f"serving add_sub on {server.url}", flush=True)
         server.serve()
 
 

@@ -31,8 +31,9 @@ from typing import Any, Protocol
 
 from pyserve.core.deadline import batch_deadline_ns, earliest
 from pyserve.core.ensemble import EnsembleEntry, EnsembleExecutor
-from pyserve.core.inference import InferenceRequest, InferenceResponse, InputTensor
-from pyserve.core.registry import Instance, ModelEntry, Registry
+from pyserve.core.infer_call import InferCall, build_request, check_parameter_names, tensor_from_binary
+from pyserve.core.inference import InferenceRequest, InferenceResponse, InputTensor, Instance, ModelEntry
+from pyserve.core.registry import Registry
 from pyserve.dtypes import DATATYPES
 from pyserve.errors import (
     DeadlockError,
@@ -42,8 +43,6 @@ from pyserve.errors import (
     UnsupportedError,
     error_kind,
 )
-from pyserve.frontends.common import InferCall, build_request, check_parameter_names
-from pyserve.frontends.kserve import tensor_from_binary
 from pyserve.transport.messages import read_buffer
 from pyserve.transport.shm import ShmReader
 

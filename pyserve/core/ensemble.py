@@ -21,14 +21,16 @@ from functools import partial
 from typing import Any
 
 from pyserve.core.deadline import deadline_ns
+from pyserve.core.infer_call import InferCall, build_request
 from pyserve.core.inference import (
     BufferLease,
     InferenceRequest,
     InferenceResponse,
     InputTensor,
+    ModelEntry,
     OutputTensor,
 )
-from pyserve.core.registry import ModelEntry, Registry
+from pyserve.core.registry import Registry
 from pyserve.core.stats import BACKEND, CANCELED, OTHER, REJECTED
 from pyserve.core.tracing import child_traceparent
 from pyserve.ensemble import EnsembleSpec, check_models
@@ -43,7 +45,6 @@ from pyserve.errors import (
     QueueFullError,
     RequestTimeoutError,
 )
-from pyserve.frontends.common import InferCall, build_request
 
 logger = logging.getLogger(__name__)
 

@@ -1,18 +1,24 @@
-"""The request and response types front ends hand to the core and get back."""
+"""The request and response types front ends hand to the core and get back, and the model version a request is for.
+
+This is the bottom of the core: the registry, the schedulers and everything above import it, and it imports none of
+them. A model version (``ModelEntry``) lives here because a request points at it; what the entry needs of its
+scheduler is the ``Scheduler`` protocol (``pyserve.core.scheduler.ModelScheduler`` implements it), and its
+statistics (``pyserve.core.stats``) and documents (``pyserve.core.model_documents``) sit below this module.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from pyserve.config import ModelSpec, Tensor
+from pyserve.core.model_documents import model_config_json, model_metadata
+from pyserve.core.stats import ModelStats
 from pyserve.dtypes import deserialize_bytes, numpy_dtype
-from pyserve.errors import InferenceError
-
-if TYPE_CHECKING:
-    from pyserve.core.registry import ModelEntry
+from pyserve.errors import ConfigError, InferenceError, InvalidInputError
 
 
 @dataclass(slots=True)
@@ -144,3 +150,151 @@ class InferenceRequest:
     responses: int = 0
     traceparent: str = ""
     trace: Any = None
+
+
+@dataclass(eq=False)
+class Instance:
+    """One connected worker instance of a model."""
+
+    identity: bytes
+    index: int
+    kind: str
+    pid: int
+    busy: bool = False
+    batch_id: int = 0
+
+
+class ResponseOrdering(Protocol):
+    """What the core asks of a model's response orderer (``pyserve.core.scheduler.ResponseOrderer``)."""
+
+    def register(self, request: InferenceRequest) -> None: ...
+
+    def deliver(self, request: InferenceRequest, response: InferenceResponse) -> None: ...
+
+    def forget(self, request: InferenceRequest) -> None: ...
+
+
+class Scheduler(Protocol):
+    """What the core asks of a model version's scheduler (``pyserve.core.scheduler.ModelScheduler``)."""
+
+    @property
+    def orderer(self) -> ResponseOrdering | None: ...
+
+    def submit(self, request: InferenceRequest) -> None: ...
+
+    def cancel(self, request: InferenceRequest) -> bool: ...
+
+    def drain(self) -> list[InferenceRequest]: ...
+
+    def queued_count(self) -> int: ...
+
+    def add_instance(self, instance: Instance) -> None: ...
+
+    def remove_instance(self, instance: Instance) -> None: ...
+
+    def instance_done(self, instance: Instance) -> None: ...
+
+
+@dataclass(eq=False)
+class ModelEntry:
+    """One version of one bound model."""
+
+    spec: ModelSpec
+    stats: ModelStats = field(default_factory=ModelStats)
+    instances: list[Instance] = field(default_factory=list)
+    scheduler: Scheduler | None = None
+
+    def __post_init__(self) -> None:
+        self.name = self.spec.name
+        self.version = self.spec.version
+        self.batching = self.spec.config.max_batch_size > 0
+        self.max_batch_size = self.spec.config.max_batch_size
+        self.response_cache = self.spec.config.response_cache
+        if self.response_cache and self.spec.config.decoupled:
+            # As in Triton: a stream of responses is not one cacheable result.
+            raise ConfigError(f"model '{self.name}': response_cache cannot be used with a decoupled (streaming) model")
+        self.inputs: dict[str, Tensor] = {t.name: t for t in self.spec.inputs}
+        self.outputs: dict[str, Tensor] = {t.name: t for t in self.spec.outputs}
+        self.required_inputs = frozenset(t.name for t in self.spec.inputs if not t.optional)
+        self.single_input = self.spec.inputs[0] if len(self.spec.inputs) == 1 else None
+
+    @property
+    def ready(self) -> bool:
+        """A model is ready while at least one instance is connected."""
+        return bool(self.instances)
+
+    def validate(self, inputs: dict[str, InputTensor], requested_outputs: list[str]) -> int:
+        """Check a request against the declared tensors; returns its batch size (rows; 1 without batching)."""
+        for name in inputs:
+            if name not in self.inputs:
+                raise InvalidInputError(
+                    f"unexpected inference input '{name}' for model '{self.name}'; "
+                    f"expected inputs: {sorted(self.inputs)}"
+                )
+        missing = self.required_inputs.difference(inputs)
+        if missing:
+            raise InvalidInputError(f"missing required input(s) {sorted(missing)} for model '{self.name}'")
+        rows = -1
+        for name, tensor in inputs.items():
+            declared = self.inputs[name]
+            if tensor.datatype != declared.datatype:
+                raise InvalidInputError(f"input '{name}': expected datatype {declared.datatype}, got {tensor.datatype}")
+            dims = declared.shape
+            shape = tensor.shape
+            if self.batching:
+                if len(shape) != len(dims) + 1:
+                    raise InvalidInputError(
+                        f"input '{name}': expected shape [-1,{','.join(map(str, dims))}] (batch dimension first), "
+                        f"got {shape}"
+                    )
+                if rows == -1:
+                    rows = shape[0]
+                elif shape[0] != rows:
+                    raise InvalidInputError(
+                        f"input '{name}': batch size {shape[0]} differs from the other inputs' batch size {rows}"
+                    )
+                tail = shape[1:]
+            else:
+                tail = shape
+                if len(shape) != len(dims):
+                    raise InvalidInputError(f"input '{name}': expected shape {list(dims)}, got {shape}")
+            for expected, got in zip(dims, tail, strict=True):
+                if expected != -1 and expected != got:
+                    prefix = "[-1," if self.batching else "["
+                    raise InvalidInputError(
+                        f"input '{name}': expected shape {prefix}{','.join(map(str, dims))}], got {shape}"
+                    )
+        if self.batching:
+            if rows < 1:
+                raise InvalidInputError(f"model '{self.name}': batch size must be at least 1, got {rows}")
+            if rows > self.max_batch_size:
+                raise InvalidInputError(
+                    f"model '{self.name}': batch size {rows} exceeds max_batch_size {self.max_batch_size}"
+                )
+        for name in requested_outputs:
+            if name not in self.outputs:
+                raise InvalidInputError(
+                    f"unexpected inference output '{name}' for model '{self.name}'; "
+                    f"expected outputs: {sorted(self.outputs)}"
+                )
+        return rows if self.batching else 1
+
+    def index_entry(self) -> dict[str, Any]:
+        """This version in the repository index: Triton's name/version/state/reason, plus live instance counts."""
+        configured = self.spec.config.instances
+        live = len(self.instances)
+        return {
+            "name": self.name,
+            "version": str(self.version),
+            "state": "READY" if live else "UNAVAILABLE",
+            "reason": "" if live == configured else f"{live} of {configured} instances live",
+            "instances": {"configured": configured, "live": live},
+        }
+
+    def metadata(self, versions: list[int] | None = None) -> dict[str, Any]:
+        """The model metadata document (``GET /v2/models/{m}``); ``versions`` lists every version of the model."""
+        return model_metadata(self.spec, versions)
+
+    def config_json(self) -> dict[str, Any]:
+        """The Triton-shaped model configuration (``GET /v2/models/{m}/config``)."""
+        return model_config_json(self.spec)

@@ -30,7 +30,7 @@ from pyserve.core.stats import FAILURE_REASONS
 
 if TYPE_CHECKING:
     from pyserve.core.cache import ResponseCache
-    from pyserve.core.registry import ModelEntry
+    from pyserve.core.inference import ModelEntry
     from pyserve.core.server import CoreServer
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"

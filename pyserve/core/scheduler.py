@@ -32,8 +32,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pyserve.config import QueuePolicy, TimeoutAction
-from pyserve.core.inference import InferenceRequest, InferenceResponse, OutputTensor, ResponseCallback
-from pyserve.core.registry import Instance, ModelEntry
+from pyserve.core.inference import (
+    InferenceRequest,
+    InferenceResponse,
+    Instance,
+    ModelEntry,
+    OutputTensor,
+    ResponseCallback,
+)
 from pyserve.errors import InferenceError, InvalidInputError, QueueFullError, RequestTimeoutError
 
 logger = logging.getLogger(__name__)

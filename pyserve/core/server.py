@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import zmq
 
@@ -20,13 +23,13 @@ from pyserve.config import ModelSpec, ServeConfig, WorkerKind
 from pyserve.core.bls import BlsBroker
 from pyserve.core.cache import ResponseCache
 from pyserve.core.ensemble import EnsembleEntry, EnsembleExecutor, load_ensemble
-from pyserve.core.inference import BufferLease, InferenceRequest, InferenceResponse, OutputTensor
+from pyserve.core.inference import BufferLease, InferenceRequest, InferenceResponse, Instance, ModelEntry, OutputTensor
 from pyserve.core.logs import log_settings
 from pyserve.core.metrics import CoreMetrics
-from pyserve.core.registry import Instance, ModelEntry, Registry
+from pyserve.core.registry import Registry
 from pyserve.core.scheduler import ModelScheduler, ResponseOrderer
 from pyserve.core.stats import BACKEND, CANCELED, OTHER, REJECTED
-from pyserve.core.supervisor import Supervisor, WorkerProcess, describe_exit
+from pyserve.core.supervisor import Supervisor, WorkerProcess, describe_exit, open_pidfd
 from pyserve.core.tracing import Tracing
 from pyserve.errors import (
     CancelledError,
@@ -34,6 +37,7 @@ from pyserve.errors import (
     ModelNotReadyError,
     PyServeError,
     QueueFullError,
+    ServerError,
     WorkerDiedError,
     error_from_kind,
 )
@@ -45,9 +49,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# The core polls its parent rather than using PR_SET_PDEATHSIG, which fires when the spawning *thread* exits.
+# The core watches its parent through a pidfd rather than PR_SET_PDEATHSIG, which fires when the spawning *thread*
+# exits; where there are no pidfds it looks at its parent pid this often.
 _PARENT_CHECK_S = 0.5
-_SUPERVISE_S = 0.1
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True, eq=False)
@@ -88,7 +93,6 @@ class CoreServer:
         self._cancel_socket: zmq.Socket[Any] | None = None
         self.cancel_address = ""
         self._supervisor: Supervisor | None = None
-        self._supervise_task: asyncio.Task[None] | None = None
         self._work_dir = tempfile.mkdtemp(prefix="pyserve-core-")
         # (model, version) -> (control identity, request id) of a load waiting for its process instances.
         self._loading: dict[tuple[str, int], tuple[bytes, int]] = {}
@@ -136,24 +140,51 @@ class CoreServer:
             self.config.shm_threshold_bytes,
             self.config.shm_pool_bytes,
             self._on_process_exit,
+            debug_errors=self.config.debug_errors,
+            loop=self._loop,
         )
-        self._supervise_task = asyncio.create_task(self._supervise())
-        self._http_server, self.http_port = await start_http_server(self, self.config)
-        self._grpc_server, self.grpc_port = await start_grpc_server(self, self.config)
         from pyserve.frontends.metrics import start_metrics_server
 
-        self._metrics_server, self.metrics_port = await start_metrics_server(self, self.config)
+        config = self.config
+        self._http_server, self.http_port = await _listen("HTTP", config, "http_port", start_http_server(self, config))
+        self._grpc_server, self.grpc_port = await _listen("gRPC", config, "grpc_port", start_grpc_server(self, config))
+        self._metrics_server, self.metrics_port = await _listen(
+            "metrics", config, "metrics_port", start_metrics_server(self, config)
+        )
 
     async def wait_stopped(self) -> None:
-        """Run until stop() or the parent process goes away."""
-        assert self._stopping is not None
-        while not self._stopping.is_set():
+        """Run until stop() or the parent process goes away (watched through a pidfd: no wake-ups while idle)."""
+        assert self._stopping is not None and self._loop is not None
+        parent_fd = None
+        if self.parent_pid:
             try:
-                await asyncio.wait_for(self._stopping.wait(), _PARENT_CHECK_S)
-            except asyncio.TimeoutError:
-                if self.parent_pid and os.getppid() != self.parent_pid:
-                    logger.warning("parent process %d is gone; stopping", self.parent_pid)
-                    self.stop()
+                parent_fd = open_pidfd(self.parent_pid)
+            except ProcessLookupError:
+                self._parent_gone()
+        if parent_fd is not None:
+            self._loop.add_reader(parent_fd, self._parent_gone)
+        try:
+            # The parent may have died before its pidfd was opened (and its pid been reused): look once more.
+            if self.parent_pid and os.getppid() != self.parent_pid:
+                self._parent_gone()
+            while not self._stopping.is_set():
+                if parent_fd is not None or not self.parent_pid:
+                    await self._stopping.wait()
+                    break
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), _PARENT_CHECK_S)
+                except asyncio.TimeoutError:
+                    if os.getppid() != self.parent_pid:
+                        self._parent_gone()
+        finally:
+            if parent_fd is not None:
+                self._loop.remove_reader(parent_fd)
+                os.close(parent_fd)
+
+    def _parent_gone(self) -> None:
+        if self._stopping is not None and not self._stopping.is_set():
+            logger.warning("parent process %d is gone; stopping", self.parent_pid)
+            self.stop()
 
     def stop(self) -> None:
         """Ask the loop to stop serving (idempotent)."""
@@ -176,8 +207,6 @@ class CoreServer:
             for request in pending.requests:
                 self._fail(request, ModelNotReadyError("the server is shutting down"))
         self._pending.clear()
-        if self._supervise_task is not None:
-            self._supervise_task.cancel()
         if self._supervisor is not None:
             self._supervisor.close()
         if self._cancel_socket is not None:
@@ -254,12 +283,6 @@ class CoreServer:
             socket.bind(self.router_address.rsplit(":", 1)[0] + ":*")
         self.cancel_address = socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self._cancel_socket = socket
-
-    async def _supervise(self) -> None:
-        while True:
-            await asyncio.sleep(_SUPERVISE_S)
-            if self._supervisor is not None:
-                self._supervisor.poll()
 
     def _start_processes(self, identity: bytes, rid: int, entry: ModelEntry, payload: bytes) -> None:
         assert self._supervisor is not None
@@ -594,6 +617,36 @@ class CoreServer:
 def _shm_location(loc: Any) -> list[Any] | None:
     # A location is a frame index, or [segment, nbytes] for bytes in a worker's shared-memory slot.
     return None if isinstance(loc, int) else loc  # type: ignore[no-any-return]
+
+
+async def _listen(listener: str, config: ServeConfig, port_field: str, start: Awaitable[_T]) -> _T:
+    """Await a front end's start; a port it cannot bind raises ServerError naming the listener, address and cause."""
+    try:
+        return await start
+    except OSError as exc:
+        port = getattr(config, port_field)
+        code, reason = _bind_failure(config.host, port, exc)
+        message = f"cannot listen for {listener} on {config.host}:{port}: {reason}"
+        if code == errno.EADDRINUSE:
+            option = port_field.replace("_", "-")
+            message += (
+                f"; another process holds the port: stop it or choose another (--{option}, ServeConfig.{port_field})"
+            )
+        raise ServerError(message) from exc
+
+
+def _bind_failure(host: str, port: int, exc: OSError) -> tuple[int | None, str]:
+    """The errno and the operating system's words for why host:port could not be bound: 'Address already in use'."""
+    if exc.errno is None:
+        # gRPC says only "Failed to bind to address"; binding the address ourselves gets the system's reason.
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            socket.create_server((host, port), family=family).close()
+        except OSError as probe:
+            exc = probe
+    if exc.errno is None or isinstance(exc, socket.gaierror):
+        return None, str(exc)
+    return exc.errno, os.strerror(exc.errno)
 
 
 def _remove_ipc_endpoint(address: str) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from pyserve.core.inference import InferenceRequest
+    from pyserve.config import ModelSpec
 
 # Triton's failure reasons (the ``reason`` label of nv_inference_request_failure).
 REJECTED = "REJECTED"  # refused by the scheduler: queue full, queue timeout
@@ -21,6 +21,29 @@ CANCELED = "CANCELED"  # the client cancelled or went away
 BACKEND = "BACKEND"  # the model's function raised
 OTHER = "OTHER"  # anything else: the instance died, the model was unloaded
 FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
+
+
+class _SpecHolder(Protocol):
+    @property
+    def spec(self) -> ModelSpec: ...
+
+
+class CountedRequest(Protocol):
+    """What the statistics read of a request (``pyserve.core.inference.InferenceRequest``).
+
+    A protocol, because the request's module imports this one: statistics sit below the requests they count.
+    """
+
+    @property
+    def model(self) -> _SpecHolder: ...
+
+    @property
+    def cancelled(self) -> bool: ...
+
+    @property
+    def arrival_ns(self) -> int: ...
+
+    responses: int
 
 
 class LatencyObserver(Protocol):
@@ -134,7 +157,7 @@ class ModelStats:
         self.failures[reason] += 1
 
     def record_successes(
-        self, requests: Iterable[InferenceRequest], dispatched_ns: int, now_ns: int, timings: list[int]
+        self, requests: Iterable[CountedRequest], dispatched_ns: int, now_ns: int, timings: list[int]
     ) -> None:
         """The requests of a finished execution: each succeeded, or failed as CANCELED if its client left."""
         queue, success, latency = self.queue, self.success, self.latency
@@ -152,7 +175,7 @@ class ModelStats:
             if latency is not None:
                 latency.request(queue_ns, request_ns, timings[0], timings[1], timings[2])
 
-    def record_response(self, request: InferenceRequest, outcome: str, timings: list[int] | None, now_ns: int) -> None:
+    def record_response(self, request: CountedRequest, outcome: str, timings: list[int] | None, now_ns: int) -> None:
         """The next response of a decoupled request, by response index (Triton's response_stats).
 
         ``outcome`` is ``success`` (``timings`` = [infer_ns, output_ns] the worker measured for it), ``empty`` (the

@@ -3,10 +3,14 @@
 The core owns the processes (so a crash is noticed even while the user's process is busy) but never unpickles
 user code: the worker process reads the pickled callable from a file the core wrote. Each process gets
 ``CUDA_VISIBLE_DEVICES`` for its GPU, so inside it the device is ``cuda:0``.
+
+Nothing here polls on a timer where the system allows: exits are watched through pidfds on the core's event loop,
+restarts are timers, and workers learn of the core's death from a pipe that reaches end-of-file when it dies.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -24,6 +28,8 @@ BACKOFF_MAX_S = 30.0
 # A process that lived this long is considered healthy again: its next restart starts from the first delay.
 HEALTHY_AFTER_S = 60.0
 STOP_TIMEOUT_S = 5.0
+# Where the system offers no pidfds, how often running processes are looked at.
+POLL_S = 0.1
 
 
 @dataclass(eq=False)
@@ -42,6 +48,7 @@ class WorkerProcess:
     ready: bool = False
     restart_at: float | None = None
     last_pid: int = 0
+    exit_fd: int = -1
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -59,6 +66,21 @@ def describe_exit(status: int) -> str:
     return f"exit status {status}"
 
 
+def open_pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when process ``pid`` exits, or None where the system has no pidfds
+    (Linux before 5.3, other systems, some seccomp filters). Raises ProcessLookupError for no such process."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        fd: int = pidfd_open(pid)
+    except ProcessLookupError:
+        raise
+    except OSError:
+        return None
+    return fd
+
+
 def placement(devices: tuple[str, ...], index: int) -> tuple[str, dict[str, str]]:
     """The device string an instance sees and the environment that pins it there (round-robin over devices)."""
     if not devices:
@@ -72,7 +94,12 @@ def placement(devices: tuple[str, ...], index: int) -> tuple[str, dict[str, str]
 
 
 class Supervisor:
-    """Starts, watches and restarts worker processes; tells the core when one exits."""
+    """Starts, watches and restarts worker processes; tells the core when one exits.
+
+    Given the event loop it runs on, it watches exits and times restarts itself; without one the owner calls
+    ``poll()``. Each worker holds the read end of a pipe whose write end only this process holds (``--parent-fd``):
+    end-of-file on it tells the worker that its core is gone.
+    """
 
     def __init__(
         self,
@@ -81,13 +108,19 @@ class Supervisor:
         shm_threshold: int,
         shm_limit: int,
         on_exit: Callable[[WorkerProcess, int], None],
+        debug_errors: bool = False,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self.router_address = router_address
         self.shm_prefix = shm_prefix
         self.shm_threshold = shm_threshold
         self.shm_limit = shm_limit
         self._on_exit = on_exit
+        self.debug_errors = debug_errors
         self.workers: list[WorkerProcess] = []
+        self._loop = loop
+        self._timer: asyncio.TimerHandle | None = None
+        self._lifeline: tuple[int, int] | None = None
 
     def spawn(self, worker: WorkerProcess) -> None:
         """Start (or restart) a worker's process."""
@@ -114,14 +147,24 @@ class Supervisor:
             str(self.shm_limit),
             "--parent-pid",
             str(os.getpid()),
+            "--parent-fd",
+            str(self._lifeline_fd()),
         ]
-        worker.process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+        if self.debug_errors:
+            command.append("--debug-errors")
+        worker.process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, pass_fds=(self._lifeline_fd(),))
         worker.last_pid = worker.process.pid
         worker.started_at = time.monotonic()
         worker.ready = False
         worker.restart_at = None
         if worker not in self.workers:
             self.workers.append(worker)
+        if self._loop is not None:
+            fd = open_pidfd(worker.process.pid)  # not reaped yet, so it exists
+            if fd is not None:
+                worker.exit_fd = fd
+                self._loop.add_reader(fd, self.poll)
+            self._arm()
 
     def add(
         self, model: str, version: int, count: int, devices: tuple[str, ...], payload_path: str
@@ -151,6 +194,7 @@ class Supervisor:
                 status = process.poll()
                 if status is not None:
                     worker.process = None
+                    self._unwatch(worker)
                     lived = now - worker.started_at
                     if lived >= HEALTHY_AFTER_S:
                         worker.backoff_s = BACKOFF_START_S
@@ -161,25 +205,67 @@ class Supervisor:
                     "restarting instance %d of model '%s' (restart %d)", worker.index, worker.model, worker.restarts
                 )
                 self.spawn(worker)
+        self._arm()
 
     def schedule_restart(self, worker: WorkerProcess) -> float:
         """Restart a worker after its backoff delay (which then doubles, up to BACKOFF_MAX_S)."""
         delay = worker.backoff_s
         worker.restart_at = time.monotonic() + delay
         worker.backoff_s = min(worker.backoff_s * 2, BACKOFF_MAX_S)
+        self._arm()
         return delay
 
     def remove_model(self, model: str, version: int) -> None:
         """Stop and forget every worker of a model version."""
         doomed = [w for w in self.workers if w.model == model and w.version == version]
         self.workers = [w for w in self.workers if w not in doomed]
+        for worker in doomed:
+            self._unwatch(worker)
         _terminate([w.process for w in doomed if w.process is not None])
+        self._arm()
 
     def close(self) -> None:
         """Stop every worker process (SIGTERM, then SIGKILL after a grace period)."""
         processes = [w.process for w in self.workers if w.process is not None]
+        for worker in self.workers:
+            self._unwatch(worker)
         self.workers = []
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         _terminate(processes)
+        if self._lifeline is not None:
+            for fd in self._lifeline:
+                os.close(fd)
+            self._lifeline = None
+
+    def _lifeline_fd(self) -> int:
+        # The read end workers inherit; the write end stays here, so the pipe reaches EOF only when we are gone.
+        if self._lifeline is None:
+            self._lifeline = os.pipe()
+        return self._lifeline[0]
+
+    def _unwatch(self, worker: WorkerProcess) -> None:
+        if worker.exit_fd >= 0:
+            if self._loop is not None:
+                self._loop.remove_reader(worker.exit_fd)
+            os.close(worker.exit_fd)
+            worker.exit_fd = -1
+
+    def _arm(self) -> None:
+        """Set the one timer poll() needs: the next due restart, or the next look at processes no pidfd watches."""
+        if self._loop is None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        now = time.monotonic()
+        delays = [w.restart_at - now for w in self.workers if w.process is None and w.restart_at is not None]
+        if any(w.process is not None and w.exit_fd < 0 for w in self.workers):
+            delays.append(POLL_S)
+        if delays:
+            # A millisecond late rather than early: an early timer would find nothing due and re-arm at once.
+            self._timer = self._loop.call_later(max(0.0, min(delays)) + 0.001, self.poll)
 
 
 def _terminate(processes: list[subprocess.Popen[bytes]]) -> None:

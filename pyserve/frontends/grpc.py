@@ -21,10 +21,10 @@ import grpc
 from google.protobuf import json_format
 
 from pyserve.config import ServeConfig
-from pyserve.core.inference import InferenceRequest, InferenceResponse
-from pyserve.core.registry import ModelEntry
+from pyserve.core.infer_call import build_request
+from pyserve.core.inference import InferenceRequest, InferenceResponse, ModelEntry
 from pyserve.errors import InferenceError, InvalidInputError, ModelNotFoundError, ModelNotReadyError, UnsupportedError
-from pyserve.frontends.common import EXTENSIONS, SERVER_NAME, SERVER_VERSION, build_request
+from pyserve.frontends.common import EXTENSIONS, SERVER_NAME, SERVER_VERSION
 from pyserve.frontends.grpc_codec import (
     decode_infer_call,
     infer_response_bytes,

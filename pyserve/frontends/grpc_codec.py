@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from pyserve.core.inference import InputTensor, OutputTensor
-from pyserve.core.registry import ModelEntry, Registry
+from pyserve.core.infer_call import InferCall, check_parameter_names, tensor_from_binary
+from pyserve.core.inference import InputTensor, ModelEntry, OutputTensor
+from pyserve.core.registry import Registry
 from pyserve.dtypes import DATATYPES, numpy_dtype, serialize_bytes
 from pyserve.errors import InvalidInputError, UnsupportedError
-from pyserve.frontends.common import FINAL_RESPONSE, InferCall, check_parameter_names, model_parameters
-from pyserve.frontends.kserve import tensor_from_binary
+from pyserve.frontends.common import FINAL_RESPONSE, model_parameters
 from pyserve.frontends.protocol import grpc_service_pb2 as pb
 
 _RAW_INPUT_FIELD = 7

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from pyserve.core.inference import InputTensor, OutputTensor
-from pyserve.core.registry import ModelEntry
+from pyserve.core.infer_call import InferCall, check_parameter_names, tensor_from_binary
+from pyserve.core.inference import InputTensor, ModelEntry, OutputTensor
 from pyserve.dtypes import DATATYPES, itemsize, numpy_dtype, serialize_bytes
 from pyserve.errors import InvalidInputError
-from pyserve.frontends.common import InferCall, check_parameter_names, model_parameters
+from pyserve.frontends.common import model_parameters
 
 
 def decode_request(body: bytes | bytearray | memoryview, header_length: int | None, entry: ModelEntry) -> InferCall:
@@ -118,40 +118,6 @@ def _decode_input(raw: Any, binary: memoryview, offset: int) -> tuple[InputTenso
     if "data" not in raw:
         raise InvalidInputError(f"input '{name}' has neither 'data' nor a binary_data_size parameter")
     return _from_json(name, datatype, shape, count, raw["data"]), name, 0
-
-
-def tensor_from_binary(name: str, datatype: str, shape: list[int], chunk: memoryview) -> InputTensor:
-    """An input from its raw bytes (binary tensor data, gRPC raw contents): a view, no copy; BYTES checked."""
-    count = math.prod(shape)
-    if datatype == "BYTES":
-        check_bytes_blob(name, chunk, count)
-        return InputTensor(datatype, shape, chunk)
-    expected = count * itemsize(datatype)
-    if len(chunk) != expected:
-        raise InvalidInputError(f"input '{name}': shape {shape} of {datatype} needs {expected} bytes, got {len(chunk)}")
-    array = np.frombuffer(chunk, dtype=numpy_dtype(datatype), count=count).reshape(shape)
-    return InputTensor(datatype, shape, array)
-
-
-def check_bytes_blob(name: str, chunk: memoryview, count: int) -> None:
-    """Check that chunk holds exactly ``count`` length-prefixed elements."""
-    size = len(chunk)
-    offset = 0
-    raw = chunk.cast("B") if chunk.format != "B" else chunk
-    for index in range(count):
-        if offset + 4 > size:
-            raise InvalidInputError(
-                f"input '{name}': BYTES data ends after {index} of {count} elements (no room for a length prefix)"
-            )
-        length = int.from_bytes(raw[offset : offset + 4], "little")
-        offset += 4 + length
-        if offset > size:
-            raise InvalidInputError(
-                f"input '{name}': BYTES element {index} declares {length} bytes but only "
-                f"{size - offset + length} remain"
-            )
-    if offset != size:
-        raise InvalidInputError(f"input '{name}': BYTES data has {size - offset} bytes after its {count} elements")
 
 
 def _from_json(name: str, datatype: str, shape: list[int], count: int, data: Any) -> InputTensor:

@@ -4,6 +4,11 @@ Each slot is one segment (``/dev/shm/<prefix>-<n>``) sized to a power of two. Fr
 so a steady stream of requests maps no new memory and takes no page faults. The owner of a pool creates and
 unlinks its segments; readers map a segment once by name (``ShmReader``) and cache the mapping.
 Every segment name starts with the session prefix, so ``remove_segments(prefix)`` cleans up after any crash.
+
+Large slots (``LARGE_SLOT_BYTES`` and up) are not kept without bound: a pool keeps free large slots for reuse only
+up to ``retain_bytes`` in all, and unmaps and unlinks a released one past that, so one huge request does not pin
+its memory until shutdown. Readers never cache mappings of large segments (the mapping lives as long as the views
+of it), so a segment its owner unlinks is not kept alive by a reader.
 """
 
 from __future__ import annotations
@@ -17,6 +22,10 @@ from dataclasses import dataclass
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 MIN_SLOT_BYTES = 64 * 1024
+# Slots from this size on are "large": pooled only up to a pool's retain_bytes, never cached by readers.
+LARGE_SLOT_BYTES = 16 << 20
+# Free large slots a pool keeps for reuse, in bytes (a released large slot past this is unmapped and unlinked).
+RETAIN_BYTES = 64 << 20
 
 
 @dataclass
@@ -37,12 +46,18 @@ def _path(name: str) -> str:
 
 
 class ShmPool:
-    """Owner side: allocate a slot of at least n bytes, release it for reuse, unlink everything on close."""
+    """Owner side: allocate a slot of at least n bytes, release it for reuse, unlink everything on close.
 
-    def __init__(self, prefix: str, limit_bytes: int) -> None:
+    At most ``limit_bytes`` are mapped at once; of the free large slots (``LARGE_SLOT_BYTES`` and up) at most
+    ``retain_bytes`` are kept for reuse.
+    """
+
+    def __init__(self, prefix: str, limit_bytes: int, retain_bytes: int = RETAIN_BYTES) -> None:
         self.prefix = prefix
         self.limit_bytes = limit_bytes
+        self.retain_bytes = retain_bytes
         self.mapped_bytes = 0
+        self.free_large_bytes = 0
         self._counter = 0
         self._free: dict[int, list[Slot]] = {}
         self._slots: dict[str, Slot] = {}
@@ -52,6 +67,8 @@ class ShmPool:
         size = _size_class(nbytes)
         free = self._free.get(size)
         if free:
+            if size >= LARGE_SLOT_BYTES:
+                self.free_large_bytes -= size
             return free.pop()
         if self.mapped_bytes + size > self.limit_bytes:
             return None
@@ -69,27 +86,41 @@ class ShmPool:
         return slot
 
     def release(self, name: str) -> None:
-        """Return a slot to the pool (unknown names are ignored: the pool may have been closed)."""
+        """Return a slot to the pool (unknown names are ignored: the pool may have been closed).
+
+        A large slot that would take the free large slots past ``retain_bytes`` is unmapped and unlinked instead.
+        """
         slot = self._slots.get(name)
-        if slot is not None:
-            free = self._free.setdefault(slot.capacity, [])
-            if slot not in free:  # a repeated release must not hand the same slot out twice
-                free.append(slot)
+        if slot is None:
+            return
+        free = self._free.setdefault(slot.capacity, [])
+        if slot in free:  # a repeated release must not hand the same slot out twice
+            return
+        if slot.capacity >= LARGE_SLOT_BYTES:
+            if self.free_large_bytes + slot.capacity > self.retain_bytes:
+                del self._slots[name]
+                self.mapped_bytes -= slot.capacity
+                _discard(slot)
+                return
+            self.free_large_bytes += slot.capacity
+        free.append(slot)
 
     def close(self) -> None:
         """Unmap and unlink every segment of the pool."""
         for slot in self._slots.values():
-            # A numpy view may still reference the mapping; the unlink below still frees the name.
-            with contextlib.suppress(BufferError):
-                slot.buffer.close()
-            _unlink(slot.name)
+            _discard(slot)
         self._slots.clear()
         self._free.clear()
         self.mapped_bytes = 0
+        self.free_large_bytes = 0
 
 
 class ShmReader:
-    """Reader side: map segments by name once, hand out memoryviews of their first n bytes."""
+    """Reader side: map segments by name once, hand out memoryviews of their first n bytes.
+
+    Large segments (``LARGE_SLOT_BYTES`` and up) are mapped anew for each view and not cached: the mapping goes
+    away with the last view of it, so the memory of a segment its owner unlinked is given back.
+    """
 
     def __init__(self) -> None:
         self._maps: dict[str, mmap.mmap] = {}
@@ -103,7 +134,8 @@ class ShmReader:
                 buffer = mmap.mmap(fd, 0)
             finally:
                 os.close(fd)
-            self._maps[name] = buffer
+            if len(buffer) < LARGE_SLOT_BYTES:
+                self._maps[name] = buffer
         return memoryview(buffer)[:nbytes]
 
     def forget(self, prefix: str) -> None:
@@ -116,6 +148,13 @@ class ShmReader:
     def close(self) -> None:
         """Unmap everything (views still alive keep their mapping until released)."""
         self.forget("")
+
+
+def _discard(slot: Slot) -> None:
+    # A numpy view may still reference the mapping (it is unmapped with the last view); the unlink frees the name.
+    with contextlib.suppress(BufferError):
+        slot.buffer.close()
+    _unlink(slot.name)
 
 
 def _unlink(name: str) -> None:

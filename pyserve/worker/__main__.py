@@ -1,22 +1,25 @@
 """Entry point of a process instance: ``python -m pyserve.worker --router ADDR --payload FILE --index N ...``.
 
 Spawned by the core's supervisor. Reads the model spec and the pickled callable(s), then runs the same instance
-loop as a thread instance until the core says stop, SIGTERM arrives or the core goes away.
+loop as a thread instance until the core says stop, SIGTERM arrives or the core goes away (the pipe passed as
+``--parent-fd`` reaches end-of-file).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
 import threading
+from types import FrameType
 from typing import Any
 
 import cloudpickle
 
 from pyserve.config import ModelSpec
-from pyserve.core.logs import configure_logging
+from pyserve.telemetry.logging_setup import configure_logging
 from pyserve.worker.instance import InstanceRunner
 
 EXIT_NOT_READY = 3
@@ -32,6 +35,8 @@ def main() -> None:
     parser.add_argument("--shm-threshold", type=int, required=True)
     parser.add_argument("--shm-limit", type=int, required=True)
     parser.add_argument("--parent-pid", type=int, default=0)
+    parser.add_argument("--parent-fd", type=int, default=-1, help="pipe that reaches end-of-file when the core dies")
+    parser.add_argument("--debug-errors", action="store_true", help="send tracebacks to clients (ServeConfig)")
     args = parser.parse_args()
     # The core exports its log settings to the processes it spawns.
     configure_logging(os.environ.get("PYSERVE_LOG_LEVEL", "WARNING"), os.environ.get("PYSERVE_LOG_FORMAT", "default"))
@@ -42,8 +47,18 @@ def main() -> None:
     functions = cloudpickle.loads(payload["functions"])
     function = functions[args.index % len(functions)]
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-    signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    # The instance sleeps in poll() on its socket and these descriptors: a signal writes a byte to wake it.
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+        with contextlib.suppress(BlockingIOError):
+            os.write(wake_write, b"\0")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    wake_fds = [wake_read] if args.parent_fd < 0 else [wake_read, args.parent_fd]
     errors: list[str] = []
 
     def on_ready(error: str | None) -> None:
@@ -61,8 +76,9 @@ def main() -> None:
         device=args.device,
         kind="process",
         parent_pid=args.parent_pid,
+        debug_errors=args.debug_errors,
     )
-    runner.run(stop, on_ready)
+    runner.run(stop, on_ready, wake_fds)
     if errors:
         print(f"pyserve: instance {args.index} of model '{spec.name}' failed to start:\n{errors[0]}", file=sys.stderr)
         sys.exit(EXIT_NOT_READY)

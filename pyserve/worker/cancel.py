@@ -9,6 +9,7 @@ function runs.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any
 
@@ -17,8 +18,6 @@ import zmq
 from pyserve.transport.messages import unpack_header
 
 logger = logging.getLogger(__name__)
-
-_POLL_MS = 100
 
 
 class CancelListener:
@@ -29,6 +28,8 @@ class CancelListener:
         self._lock = threading.Lock()
         self._batches: dict[int, list[threading.Event]] = {}
         self._stop = threading.Event()
+        # The thread sleeps on its socket and this pipe; close() closes the write end to wake it.
+        self._wake_read, self._wake_write = os.pipe()
         self._thread = threading.Thread(target=self._run, name="pyserve-cancel", daemon=True)
         self._thread.start()
 
@@ -45,7 +46,10 @@ class CancelListener:
     def close(self) -> None:
         """Stop the listener thread."""
         self._stop.set()
+        os.close(self._wake_write)
         self._thread.join(2)
+        if not self._thread.is_alive():
+            os.close(self._wake_read)
 
     def _run(self) -> None:
         socket: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.SUB)
@@ -53,9 +57,12 @@ class CancelListener:
         socket.setsockopt(zmq.SUBSCRIBE, b"")
         try:
             socket.connect(self.address)
+            poller = zmq.Poller()
+            poller.register(socket, zmq.POLLIN)
+            poller.register(self._wake_read, zmq.POLLIN)
             while not self._stop.is_set():
-                if not socket.poll(_POLL_MS):
-                    continue
+                if dict(poller.poll()).get(self._wake_read):
+                    return
                 message = unpack_header(socket.recv())
                 with self._lock:
                     flags = self._batches.get(message["b"])

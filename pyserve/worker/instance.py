@@ -14,25 +14,23 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import zmq
 
 from pyserve.config import ModelSpec
-from pyserve.core.tracing import start_compute
 from pyserve.dtypes import numpy_dtype
 from pyserve.errors import InferenceError, ModelExecutionError, OutputMismatchError, error_kind
 from pyserve.request import ModelContext, Request, RequestBatch, reset_current_model, set_current_model
+from pyserve.telemetry.spans import start_compute
 from pyserve.transport.messages import FrameWriter, array_from_buffer, pack_header, read_buffer, unpack_header
 from pyserve.transport.shm import ShmPool, ShmReader
 from pyserve.worker.bls import BlsChannel
 from pyserve.worker.cancel import CancelListener, acquire_listener, release_listener
 
 logger = logging.getLogger(__name__)
-
-_POLL_MS = 100
 
 
 class InstanceRunner:
@@ -50,6 +48,7 @@ class InstanceRunner:
         device: str = "cpu",
         kind: str = "thread",
         parent_pid: int = 0,
+        debug_errors: bool = False,
     ) -> None:
         self.address = address
         self.spec = spec
@@ -71,12 +70,19 @@ class InstanceRunner:
         self._outputs = {t.name: t for t in spec.outputs}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._parent_pid = parent_pid
+        # ServeConfig.debug_errors: error messages of failed batches carry the traceback.
+        self._debug_errors = debug_errors
         self._cancel: CancelListener | None = None
         self._bls: BlsChannel | None = None
         self._stopping: Callable[[], bool] = lambda: False
 
-    def run(self, stop: threading.Event, on_ready: Callable[[str | None], None]) -> None:
-        """Connect, register with the core, then serve batches. ``on_ready(error)`` is called once."""
+    def run(self, stop: threading.Event, on_ready: Callable[[str | None], None], wake_fds: Sequence[int]) -> None:
+        """Connect, register with the core, then serve batches. ``on_ready(error)`` is called once.
+
+        The loop returns when the core says stop or one of ``wake_fds`` becomes readable: their owner makes one
+        readable when it sets ``stop`` (or dies: the read end of a pipe whose write end it holds). An idle
+        instance sleeps on them and its socket without waking up.
+        """
         socket: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, 0)
@@ -103,17 +109,20 @@ class InstanceRunner:
                     }
                 )
             )
-            # A blocking receive with a timeout wakes up one layer sooner than poll() followed by a receive.
-            socket.setsockopt(zmq.RCVTIMEO, _POLL_MS)
+            poller = zmq.Poller()
+            poller.register(socket, zmq.POLLIN)
+            for fd in wake_fds:
+                poller.register(fd, zmq.POLLIN)
             while not stop.is_set():
                 if bls.deferred:
                     frames = bls.deferred.popleft()
                 else:
+                    # Under load the next batch is already queued: take it without a poll() first.
                     try:
-                        frames = socket.recv_multipart(copy=False)
+                        frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
-                        if self._parent_pid and os.getppid() != self._parent_pid:
-                            return
+                        if any(ready is not socket for ready, _ in poller.poll()):
+                            return  # a wake fd is readable: stop
                         continue
                 header = unpack_header(frames[0].buffer)
                 kind = header["t"]
@@ -166,6 +175,14 @@ class InstanceRunner:
         try:
             batch = self._decode(header, frames, reader, flags)
         except Exception as exc:  # a malformed batch is the core's bug; report it, keep serving
+            logger.error(
+                "instance %d of model '%s' version %d could not decode a batch",
+                self.instance,
+                self.spec.name,
+                self.spec.version,
+                exc_info=exc,
+                extra=self._log_fields(),
+            )
             self._send_error(socket, batch_id, InferenceError(f"could not decode batch: {exc}"))
             return
         decoded = time.perf_counter_ns()
@@ -193,7 +210,7 @@ class InstanceRunner:
         except Exception as exc:
             if spans is not None:
                 spans.fail(exc)
-            self._send_error(socket, batch_id, _as_inference_error(exc, self.spec.name))
+            self._send_error(socket, batch_id, self._as_inference_error(exc, len(batch)))
             return
         finally:
             if spans is not None:
@@ -242,7 +259,7 @@ class InstanceRunner:
                 socket.send_multipart([pack_header(reply), *writer.frames], copy=False)
                 last = time.perf_counter_ns()
         except Exception as exc:
-            error = _as_inference_error(exc, self.spec.name)
+            error = self._as_inference_error(exc, len(batch))
             self._send_error(socket, batch_id, error, [time.perf_counter_ns() - last])
             return
         done = time.perf_counter_ns()
@@ -282,6 +299,49 @@ class InstanceRunner:
         if timings is not None:
             reply["rt"] = timings
         socket.send(pack_header(reply))
+
+    def _as_inference_error(self, exc: Exception, requests: int) -> InferenceError:
+        """The error that answers every request of a failed batch; logs the failure (once per batch).
+
+        An exception from the function is logged with its traceback; the client gets its type and message, and the
+        traceback only with ServeConfig.debug_errors (it shows the server's paths and code). An InferenceError the
+        function raised on purpose (or a BLS call raised in it) answers as it is, unlogged: it is an answer, not a
+        crash.
+        """
+        name, version, instance = self.spec.name, self.spec.version, self.instance
+        if isinstance(exc, OutputMismatchError):
+            logger.error(
+                "instance %d of model '%s' version %d failed a batch of %d requests: %s",
+                instance,
+                name,
+                version,
+                requests,
+                exc,
+                extra=self._log_fields(),
+            )
+            return exc
+        if isinstance(exc, InferenceError):
+            return exc
+        logger.error(
+            "instance %d of model '%s' version %d raised %s: %s (batch of %d requests)",
+            instance,
+            name,
+            version,
+            type(exc).__name__,
+            exc,
+            requests,
+            exc_info=exc,
+            extra=self._log_fields(),
+        )
+        text = str(exc)
+        message = f"model '{name}' raised {type(exc).__name__}" + (f": {text}" if text else "")
+        if self._debug_errors:
+            message += "\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return ModelExecutionError(message)
+
+    def _log_fields(self) -> dict[str, Any]:
+        # Extra fields of this instance's log records (the JSON log format shows them).
+        return {"model": self.spec.name, "version": self.spec.version, "instance": self.instance}
 
     def _decode(
         self, header: dict[str, Any], frames: list[Any], reader: ShmReader, flags: list[threading.Event]
@@ -333,35 +393,39 @@ class InstanceRunner:
                     f"model '{self.spec.name}' returned {type(outputs).__name__} for a request; expected a dict "
                     "of output name -> array"
                 )
-            wanted = request.requested_output_names or tuple(outputs)
+            requested = request.requested_output_names
+            # A request naming its outputs needs exactly those; otherwise every declared output not optional.
+            missing = [name for name in requested if name not in outputs] if requested else self._missing(outputs)
+            if missing:
+                raise self._missing_error("requested" if requested else "declared", missing, outputs)
             descriptors = []
-            for name in wanted:
-                if name not in outputs:
-                    if request.requested_output_names or strict:
-                        raise OutputMismatchError(
-                            f"model '{self.spec.name}' did not return output '{name}' (returned: {sorted(outputs)})"
-                        )
-                    continue
+            for name in requested or outputs:
                 declared = self._outputs.get(name)
                 if declared is None:
                     if strict:
                         raise OutputMismatchError(
                             f"model '{self.spec.name}' returned undeclared output '{name}' "
-                            f"(declared: {sorted(self._outputs)})"
+                            f"(declared: {_quoted(self._outputs)})"
                         )
                     continue
                 array = _check_output(
                     self.spec.name, declared.name, declared.datatype, declared.shape, outputs[name], strict, batching
                 )
                 descriptors.append([name, declared.datatype, list(array.shape), writer.add_array(array)])
-            if strict:
-                for declared_name in self._outputs:
-                    if declared_name not in outputs and (
-                        not request.requested_output_names or declared_name in request.requested_output_names
-                    ):
-                        raise OutputMismatchError(f"model '{self.spec.name}' did not return output '{declared_name}'")
             encoded.append(descriptors)
         return encoded
+
+    def _missing(self, outputs: dict[Any, Any]) -> list[str]:
+        return [t.name for t in self.spec.outputs if not t.optional and t.name not in outputs]
+
+    def _missing_error(self, kind: str, missing: list[str], outputs: dict[Any, Any]) -> OutputMismatchError:
+        noun = "output" if len(missing) == 1 else "outputs"
+        returned = _quoted(outputs) or "nothing"
+        undeclared = [name for name in outputs if name not in self._outputs]
+        extra = f"; undeclared: {_quoted(undeclared)}" if undeclared else ""
+        return OutputMismatchError(
+            f"model '{self.spec.name}' did not return {kind} {noun} {_quoted(missing)} (returned: {returned}{extra})"
+        )
 
 
 def instantiate(target: Any, device: str) -> Callable[..., Any]:
@@ -379,6 +443,10 @@ def instantiate(target: Any, device: str) -> Callable[..., Any]:
 
 async def _await(awaitable: Any) -> Any:
     return await awaitable
+
+
+def _quoted(names: Any) -> str:
+    return ", ".join(f"'{name}'" for name in names)
 
 
 def _check_output(
@@ -408,10 +476,3 @@ def _check_output(
                 f"model '{model}' output '{name}': expected shape {want}, got {list(array.shape)}"
             )
     return array
-
-
-def _as_inference_error(exc: Exception, model: str) -> InferenceError:
-    if isinstance(exc, InferenceError):
-        return exc
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return ModelExecutionError(f"model '{model}' raised {type(exc).__name__}: {exc}\n{text}")

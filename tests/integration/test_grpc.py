@@ -217,8 +217,7 @@ def test_a_failing_model_is_internal_with_its_message(grpc_client: triton_grpc.I
     with pytest.raises(InferenceServerException) as info:
         grpc_client.infer("raises", [fp32_input(np.array([[1.0, -3.0]], np.float32))])
     assert status_of(info) == "StatusCode.INTERNAL"
-    assert "negative input seen: -3.0" in info.value.message()
-    assert "Traceback" in info.value.message()
+    assert info.value.message() == "model 'raises' raised ValueError: negative input seen: -3.0"
     # The server keeps serving.
     positive = np.abs(DATA)
     assert grpc_client.infer("raises", [fp32_input(positive)]).as_numpy("OUTPUT0").tolist() == positive.tolist()

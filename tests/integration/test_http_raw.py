@@ -275,7 +275,10 @@ def test_body_over_the_limit_is_413(small_server: Serve, raw_http_for: Any) -> N
     with http.connect() as connection:
         connection.sendall(http.build_request("POST", INFER, body, headers))
         assert_error(connection.read_response(), 413, "4096")
-        # Chunked, so the size is only known while reading.
+        # Refused from its Content-Length: the server closes the connection without waiting for the body.
+        assert connection.is_closed_by_peer()
+    with http.connect() as connection:
+        # Chunked, so the size is only known while reading (and the connection stays open).
         chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
         head = http.build_request(
             "POST", INFER, b"", {**headers, "Content-Length": None, "Transfer-Encoding": "chunked"}

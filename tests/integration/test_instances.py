@@ -244,6 +244,7 @@ def test_the_server_is_not_ready_until_the_models_bound_before_start_are_loaded(
     server.bind("slow", SlowToLoad, FP32_IN, INFO_OUT, ModelConfig(max_batch_size=4, worker="process"))
     starter = threading.Thread(target=server.run)
     starter.start()
+
     def status(path: str) -> int | None:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}{path}", timeout=5) as r:

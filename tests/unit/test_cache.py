@@ -10,8 +10,7 @@ import pytest
 from pyserve import ModelConfig, Tensor
 from pyserve.config import ModelSpec
 from pyserve.core.cache import ResponseCache, request_key
-from pyserve.core.inference import InferenceRequest, InferenceResponse, InputTensor, OutputTensor
-from pyserve.core.registry import ModelEntry
+from pyserve.core.inference import InferenceRequest, InferenceResponse, InputTensor, ModelEntry, OutputTensor
 from pyserve.errors import ConfigError, ModelExecutionError
 
 

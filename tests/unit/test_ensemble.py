@@ -12,14 +12,17 @@ import pytest
 from pyserve import ModelConfig, Step, Tensor
 from pyserve.config import ModelSpec
 from pyserve.core.ensemble import EnsembleExecutor, load_ensemble
+from pyserve.core.infer_call import InferCall, build_request
 from pyserve.core.inference import (
     BufferLease,
     InferenceRequest,
     InferenceResponse,
     InputTensor,
+    Instance,
+    ModelEntry,
     OutputTensor,
 )
-from pyserve.core.registry import Instance, ModelEntry, Registry
+from pyserve.core.registry import Registry
 from pyserve.ensemble import EnsembleSpec, check_models, spec_lookup
 from pyserve.errors import (
     ConfigError,
@@ -28,7 +31,6 @@ from pyserve.errors import (
     ModelNotReadyError,
     RequestTimeoutError,
 )
-from pyserve.frontends.common import InferCall, build_request
 
 
 def fp32(name: str, shape: tuple[int, ...] = (-1,), optional: bool = False) -> Tensor:

@@ -15,8 +15,8 @@ from pyserve import ModelConfig, Tensor
 from pyserve.config import ModelSpec
 from pyserve.core.bls import BlsBroker
 from pyserve.core.ensemble import EnsembleExecutor
-from pyserve.core.inference import BufferLease, InferenceRequest, InferenceResponse, OutputTensor
-from pyserve.core.registry import Instance, ModelEntry, Registry
+from pyserve.core.inference import BufferLease, InferenceRequest, InferenceResponse, Instance, ModelEntry, OutputTensor
+from pyserve.core.registry import Registry
 from pyserve.errors import ModelExecutionError
 from pyserve.transport.shm import ShmReader
 

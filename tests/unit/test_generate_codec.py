@@ -9,11 +9,10 @@ import orjson
 import pytest
 
 from pyserve.config import ModelConfig, ModelSpec, Tensor
-from pyserve.core.inference import OutputTensor
-from pyserve.core.registry import ModelEntry
+from pyserve.core.infer_call import InferCall
+from pyserve.core.inference import ModelEntry, OutputTensor
 from pyserve.dtypes import serialize_bytes
 from pyserve.errors import InvalidInputError
-from pyserve.frontends.common import InferCall
 from pyserve.frontends.kserve import decode_generate_request, encode_generate_response
 
 

@@ -10,8 +10,8 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.grpc import service_pb2 as triton_pb
 
 from pyserve.config import ModelConfig, ModelSpec, Tensor
-from pyserve.core.inference import OutputTensor
-from pyserve.core.registry import ModelEntry, Registry
+from pyserve.core.inference import ModelEntry, OutputTensor
+from pyserve.core.registry import Registry
 from pyserve.dtypes import serialize_bytes
 from pyserve.errors import InvalidInputError, ModelNotFoundError, UnsupportedError
 from pyserve.frontends.grpc_codec import (

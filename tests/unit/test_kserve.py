@@ -18,11 +18,12 @@ import orjson
 import pytest
 
 from pyserve.config import DynamicBatcher, ModelConfig, ModelSpec, QueuePolicy, Tensor, TimeoutAction
-from pyserve.core.inference import InputTensor, OutputTensor
-from pyserve.core.registry import ModelEntry, Registry
+from pyserve.core.infer_call import InferCall, check_bytes_blob
+from pyserve.core.inference import InputTensor, ModelEntry, OutputTensor
+from pyserve.core.registry import Registry
 from pyserve.dtypes import deserialize_bytes, serialize_bytes
 from pyserve.errors import InvalidInputError, ModelAlreadyBoundError, ModelNotFoundError
-from pyserve.frontends.kserve import InferCall, check_bytes_blob, decode_request, encode_response
+from pyserve.frontends.kserve import decode_request, encode_response
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "triton-2.51"
 

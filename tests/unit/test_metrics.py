@@ -17,9 +17,9 @@ from pyserve import ModelConfig, ServeConfig, Tensor
 from pyserve.config import ModelSpec
 from pyserve.core.cache import ResponseCache
 from pyserve.core.host import CpuReader
-from pyserve.core.inference import InferenceRequest
+from pyserve.core.inference import InferenceRequest, Instance, ModelEntry
 from pyserve.core.metrics import BucketHistogram, CoreMetrics, LatencyRecorder, SlidingQuantiles, render
-from pyserve.core.registry import Instance, ModelEntry, Registry
+from pyserve.core.registry import Registry
 from pyserve.core.scheduler import ModelScheduler
 from pyserve.core.stats import BACKEND, CANCELED, OTHER, REJECTED
 

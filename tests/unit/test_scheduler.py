@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 
 from pyserve.config import DynamicBatcher, ModelConfig, ModelSpec, QueuePolicy, Tensor, TimeoutAction
-from pyserve.core.inference import InferenceRequest, InferenceResponse, OutputTensor
-from pyserve.core.registry import Instance, ModelEntry
+from pyserve.core.inference import InferenceRequest, InferenceResponse, Instance, ModelEntry, OutputTensor
 from pyserve.core.scheduler import ModelScheduler, Reject, ResponseOrderer
 from pyserve.errors import InferenceError, InvalidInputError, ModelExecutionError, QueueFullError, RequestTimeoutError
 

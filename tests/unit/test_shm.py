@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pyserve.transport.shm import MIN_SLOT_BYTES, SHM_DIR, ShmPool, ShmReader, remove_segments
+from pyserve.transport.shm import LARGE_SLOT_BYTES, MIN_SLOT_BYTES, SHM_DIR, ShmPool, ShmReader, remove_segments
 
 
 @pytest.fixture
@@ -124,6 +124,87 @@ def test_close_unlinks_every_segment(prefix: str) -> None:
     pool.close()
     assert segments(prefix) == []
     assert pool.mapped_bytes == 0
+
+
+# large slots: kept only up to the pool's retain_bytes -------------------------------------------------------------
+
+
+@pytest.fixture
+def large_pool(prefix: str) -> Iterator[ShmPool]:
+    """A pool that keeps at most two free large slots' worth of bytes (segments stay sparse: nothing is written)."""
+    owner = ShmPool(prefix, 1 << 30, retain_bytes=2 * LARGE_SLOT_BYTES)
+    yield owner
+    owner.close()
+
+
+def test_a_large_slot_within_the_retained_bytes_is_reused(large_pool: ShmPool, prefix: str) -> None:
+    slot = large_pool.allocate(LARGE_SLOT_BYTES)
+    assert slot is not None
+    large_pool.release(slot.name)
+    assert large_pool.free_large_bytes == LARGE_SLOT_BYTES
+    assert large_pool.allocate(LARGE_SLOT_BYTES - 1) is slot
+    assert large_pool.free_large_bytes == 0
+    assert segments(prefix) == [slot.name]
+
+
+def test_a_large_slot_past_the_retained_bytes_is_unlinked_on_release(large_pool: ShmPool, prefix: str) -> None:
+    kept = [large_pool.allocate(LARGE_SLOT_BYTES) for _ in range(2)]
+    huge = large_pool.allocate(4 * LARGE_SLOT_BYTES)  # bigger than all that is retained
+    assert huge is not None and all(slot is not None for slot in kept)
+    assert large_pool.mapped_bytes == 6 * LARGE_SLOT_BYTES
+    large_pool.release(huge.name)
+    assert huge.name not in segments(prefix)
+    assert huge.buffer.closed
+    assert large_pool.mapped_bytes == 2 * LARGE_SLOT_BYTES
+    for slot in kept:
+        large_pool.release(slot.name)  # type: ignore[union-attr]
+    assert large_pool.free_large_bytes == 2 * LARGE_SLOT_BYTES
+    third = large_pool.allocate(LARGE_SLOT_BYTES)
+    assert third in kept
+    extra = large_pool.allocate(LARGE_SLOT_BYTES)
+    another = large_pool.allocate(LARGE_SLOT_BYTES)  # a new segment: only one free slot was left
+    assert extra in kept and another is not None and another not in kept
+    for slot in (third, extra, another):
+        large_pool.release(slot.name)  # type: ignore[union-attr]
+    # Two are kept (the retained bytes), the third is unlinked: the pool is back to two segments.
+    assert len(segments(prefix)) == 2
+    assert large_pool.mapped_bytes == 2 * LARGE_SLOT_BYTES
+
+
+def test_small_slots_are_kept_whatever_the_retained_bytes(prefix: str) -> None:
+    pool = ShmPool(prefix, 1 << 20, retain_bytes=0)
+    try:
+        slot = pool.allocate(10)
+        assert slot is not None
+        pool.release(slot.name)
+        assert pool.allocate(10) is slot
+    finally:
+        pool.close()
+
+
+def mappings_of(name: str) -> int:
+    """How many times segment ``name`` is mapped into this process."""
+    path = os.path.join(SHM_DIR, name)
+    with open("/proc/self/maps") as maps:
+        return sum(1 for line in maps if line.split()[-1] == path)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
+def test_reader_does_not_cache_large_segments(large_pool: ShmPool, prefix: str) -> None:
+    slot = large_pool.allocate(LARGE_SLOT_BYTES)
+    assert slot is not None
+    slot.buffer[:4] = b"abcd"
+    reader = ShmReader()
+    try:
+        view = reader.view(slot.name, 4)
+        assert bytes(view) == b"abcd"
+        assert reader._maps == {}
+        assert mappings_of(slot.name) == 2  # the pool's mapping and the reader's
+        view.release()
+        # The last view gone, the reader's mapping is too: an owner that unlinks the segment frees its memory.
+        assert mappings_of(slot.name) == 1
+    finally:
+        reader.close()
 
 
 def test_reader_sees_what_the_pool_wrote(pool: ShmPool) -> None:

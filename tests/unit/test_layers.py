@@ -1,0 +1,259 @@
+"""pyserve's modules import one way (docs/architecture.md, "Layers"): no import cycles, and each layer imports only
+what lies below it.
+
+The graph is read from the source with ``ast``, so every import counts: at module level, inside functions and under
+``if TYPE_CHECKING:`` alike (a type-only import is still a dependency of the code that names the type). Generated
+protocol stubs (``*_pb2*``) are left out.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pyserve
+
+PACKAGE_DIR = Path(pyserve.__file__).resolve().parent
+
+# Shared definitions, imported by every layer: they import only each other.
+SHARED = frozenset({"pyserve.config", "pyserve.dtypes", "pyserve.errors", "pyserve.request", "pyserve.decorators"})
+
+# Layers that may import only the areas listed (besides their own modules). An area is a module or a package with
+# everything in it.
+MAY_IMPORT_ONLY: dict[str, frozenset[str]] = {
+    "pyserve.transport": frozenset({"pyserve.config", "pyserve.dtypes", "pyserve.errors"}),
+    "pyserve.telemetry": SHARED,
+    "pyserve.worker": SHARED | {"pyserve.transport", "pyserve.telemetry"},
+}
+# Layers that may import anything below them but never the areas listed.
+MUST_NOT_IMPORT: dict[str, frozenset[str]] = {
+    "pyserve.core": frozenset({"pyserve.frontends", "pyserve.worker", "pyserve.serve", "pyserve.cli"}),
+    "pyserve.frontends": frozenset({"pyserve.worker", "pyserve.serve", "pyserve.cli"}),
+}
+
+# The one known violation, removed by the next step of issue #10 ("Core structure: one-way layers"): CoreServer
+# starts the front ends itself (core/server -> frontends/*), while the front ends and the metrics are typed against
+# CoreServer (-> core/server), which closes a cycle. Once the entry point wires the front ends to a core API, these
+# edges go, and so must this list (test_pending_split_lists_only_edges_that_exist says when).
+PENDING_SPLIT = frozenset(
+    {
+        ("pyserve.core.server", "pyserve.frontends.grpc"),
+        ("pyserve.core.server", "pyserve.frontends.http"),
+        ("pyserve.core.server", "pyserve.frontends.metrics"),
+        ("pyserve.frontends.grpc", "pyserve.core.server"),
+        ("pyserve.frontends.http", "pyserve.core.server"),
+        ("pyserve.frontends.metrics", "pyserve.core.server"),
+        ("pyserve.core.metrics", "pyserve.core.server"),
+    }
+)
+
+Graph = dict[str, set[str]]
+
+
+# the import graph ------------------------------------------------------------------------------------------------
+
+
+def import_graph(package_dir: Path) -> Graph:
+    """Module name -> the modules of the same package it imports, from the source of every module in it."""
+    modules: dict[str, Path] = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        if "_pb2" in path.name:
+            continue
+        parts = [package_dir.name, *path.relative_to(package_dir).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    graph: Graph = {}
+    for module, path in modules.items():
+        # The package a relative import starts from: the module's own for __init__.py, else its parent's.
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        imported: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                # "from pyserve.core import inference" imports the module pyserve.core.inference.
+                imported.add(base)
+                imported.update(f"{base}.{alias.name}" for alias in node.names)
+        graph[module] = {name for name in imported if name in modules and name != module}
+    return graph
+
+
+def _within(module: str, area: str) -> bool:
+    return module == area or module.startswith(area + ".")
+
+
+def _layer(module: str, layers: Iterable[str]) -> str | None:
+    return next((layer for layer in layers if _within(module, layer)), None)
+
+
+def import_cycles(graph: Mapping[str, Iterable[str]]) -> list[str]:
+    """Each group of modules that import each other in a cycle (a strongly connected component, found with
+    Tarjan's algorithm), as one closed path through it and every module of the group."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in sorted(graph[module]):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component: set[str] = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return [
+        f"{' -> '.join(_closed_path(graph, component))} (the cycle joins {', '.join(sorted(component))})"
+        for component in components
+    ]
+
+
+def _closed_path(graph: Mapping[str, Iterable[str]], component: set[str]) -> list[str]:
+    # A shortest way back to the first module of the component, through the component (breadth first).
+    start = min(component)
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following: list[str] = []
+        for module in frontier:
+            for target in sorted(graph[module]):
+                if target not in component:
+                    continue
+                if target == start:
+                    path = [module]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return [start, *reversed(path[:-1]), start]
+                if target not in came_from:
+                    came_from[target] = module
+                    following.append(target)
+        frontier = following
+    raise AssertionError(f"no cycle through {sorted(component)}")
+
+
+def _without(graph: Graph, edges: Iterable[tuple[str, str]]) -> Graph:
+    pruned = {module: set(targets) for module, targets in graph.items()}
+    for source, target in edges:
+        pruned.get(source, set()).discard(target)
+    return pruned
+
+
+def layer_violations(graph: Graph) -> list[str]:
+    """Every import that breaks a layer rule, as ``importer -> imported (the rule)``."""
+    found: list[str] = []
+    for source, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if source in SHARED and target not in SHARED:
+                found.append(f"{source} -> {target} (a shared definition imports only other shared definitions)")
+            layer = _layer(source, MAY_IMPORT_ONLY)
+            if layer is not None and not _within(target, layer):
+                allowed = MAY_IMPORT_ONLY[layer]
+                if not any(_within(target, area) for area in allowed):
+                    found.append(f"{source} -> {target} ({layer} may import only {', '.join(sorted(allowed))})")
+            layer = _layer(source, MUST_NOT_IMPORT)
+            if layer is not None:
+                for area in sorted(MUST_NOT_IMPORT[layer]):
+                    if _within(target, area):
+                        found.append(f"{source} -> {target} ({layer} never imports {area})")
+    return found
+
+
+def _edge_list(lines: Iterable[str]) -> str:
+    return "\n  " + "\n  ".join(lines)
+
+
+# pyserve's layers ------------------------------------------------------------------------------------------------
+
+
+def test_pyserve_has_no_import_cycles() -> None:
+    cycles = import_cycles(_without(import_graph(PACKAGE_DIR), PENDING_SPLIT))
+    assert not cycles, "import cycles (module -> a module it imports):" + _edge_list(cycles)
+
+
+def test_each_layer_imports_only_what_lies_below_it() -> None:
+    violations = layer_violations(_without(import_graph(PACKAGE_DIR), PENDING_SPLIT))
+    assert not violations, "imports against the layers:" + _edge_list(violations)
+
+
+def test_pending_split_lists_only_edges_that_exist() -> None:
+    graph = import_graph(PACKAGE_DIR)
+    gone = sorted(f"{source} -> {target}" for source, target in PENDING_SPLIT if target not in graph.get(source, ()))
+    assert not gone, "these imports are gone: remove them from PENDING_SPLIT:" + _edge_list(gone)
+
+
+# the checks themselves -------------------------------------------------------------------------------------------
+
+
+def _write_package(root: Path, files: Mapping[str, str]) -> Path:
+    for name, source in files.items():
+        path = root / "pkg" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+    return root / "pkg"
+
+
+def test_the_graph_counts_every_kind_of_import(tmp_path: Path) -> None:
+    package = _write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "top.py": "import pkg.low\n",
+            "low.py": "",
+            "typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.top import Thing\n",
+            "lazy.py": "def f():\n    from pkg import low\n    return low\n",
+            "sub/__init__.py": "from . import leaf\n",
+            "sub/leaf.py": "from ..low import x\nfrom .. import top\n",
+            "stub_pb2.py": "import pkg.top\n",
+        },
+    )
+    assert import_graph(package) == {
+        "pkg": set(),
+        "pkg.top": {"pkg.low"},
+        "pkg.low": set(),
+        "pkg.typed": {"pkg.top"},
+        "pkg.lazy": {"pkg", "pkg.low"},
+        "pkg.sub": {"pkg.sub.leaf"},
+        "pkg.sub.leaf": {"pkg.low", "pkg", "pkg.top"},
+    }
+
+
+def test_a_cycle_is_reported_as_a_closed_path() -> None:
+    graph: Graph = {"a": {"b", "d"}, "b": {"a", "c"}, "c": {"a"}, "d": set()}
+    assert import_cycles(graph) == ["a -> b -> a (the cycle joins a, b, c)"]
+
+
+def test_a_layer_violation_names_the_edge_and_the_rule() -> None:
+    graph: Graph = {
+        "pyserve.worker.instance": {"pyserve.core.tracing", "pyserve.telemetry.spans", "pyserve.errors"},
+        "pyserve.core.ensemble": {"pyserve.frontends.common"},
+        "pyserve.errors": {"pyserve.transport.shm"},
+    }
+    assert layer_violations(graph) == [
+        "pyserve.core.ensemble -> pyserve.frontends.common (pyserve.core never imports pyserve.frontends)",
+        "pyserve.errors -> pyserve.transport.shm (a shared definition imports only other shared definitions)",
+        "pyserve.worker.instance -> pyserve.core.tracing (pyserve.worker may import only pyserve.config, "
+        "pyserve.decorators, pyserve.dtypes, pyserve.errors, pyserve.request, pyserve.telemetry, pyserve.transport)",
+    ]
