@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_http.py [--pytriton] [--duration-ms 2000] [--shapes 16,262144]
+    .venv/bin/python benchmarks/bench_http.py [--pytriton] [--floor] [--duration-ms 2000] [--shapes 16,262144]
         [--concurrency 1,4,16] [--perf-analyzer PATH] [--json results.json]
 
 For each server (pyserve, then PyTriton with ``--pytriton``) it starts the server in its own process group serving
@@ -11,6 +11,9 @@ the identity model ``identity_fp32`` (FP32 ``INPUT0`` of shape ``(-1,)`` echoed 
 perf_analyzer over HTTP for every shape x concurrency, and stops the server. Only one server runs at a time, so
 they do not compete for CPU. It then prints a table of throughput and p50/p99 latency (with PyTriton: the ratios
 pyserve/PyTriton) and optionally writes the results as JSON.
+
+With ``--floor`` it first measures ``http_floor_server.py``, a bare httptools + uvloop KServe echo with no model and
+no worker hop: the floor pyserve's latency is compared with (what pyserve adds over the front end alone).
 
 PyTriton runs from its own virtual environment, ``benchmarks/.pytriton-venv``, created on first use with
 ``nvidia-pytriton==0.7.0`` and numpy.
@@ -30,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import (
+    BENCH_DIR,
     DEFAULT_MAX_TRIALS,
     DEFAULT_PERF_ANALYZER,
     DEFAULT_RETRY_STABILITY,
@@ -45,6 +49,7 @@ from _common import (
     pytriton_spec,
     run_perf_analyzer,
     running_server,
+    with_server_script,
 )
 
 # perf_analyzer ------------------------------------------------------------------------------------------------------
@@ -109,8 +114,9 @@ def build_rows(
     concurrencies: Sequence[int],
     pyserve: dict[tuple[int, int], Measurement],
     pytriton: dict[tuple[int, int], Measurement] | None,
+    floor: dict[tuple[int, int], Measurement] | None = None,
 ) -> list[dict[str, Any]]:
-    """One JSON-able row per shape x concurrency, with ratios when PyTriton was measured."""
+    """One JSON-able row per shape x concurrency, with ratios to PyTriton and to the floor when they were measured."""
     rows: list[dict[str, Any]] = []
     for shape in shapes:
         for concurrency in concurrencies:
@@ -125,15 +131,22 @@ def build_rows(
                 row["pytriton"] = dataclasses.asdict(theirs)
                 row["throughput_ratio"] = _ratio(ours.throughput, theirs.throughput)
                 row["p50_ratio"] = _ratio(ours.p50_us, theirs.p50_us)
+            if floor is not None:
+                bare = floor[(shape, concurrency)]
+                row["floor"] = dataclasses.asdict(bare)
+                row["floor_p50_ratio"] = _ratio(ours.p50_us, bare.p50_us)
+                row["floor_throughput_ratio"] = _ratio(ours.throughput, bare.throughput)
             rows.append(row)
     return rows
 
 
-def format_table(rows: Sequence[dict[str, Any]], with_pytriton: bool) -> str:
+def format_table(rows: Sequence[dict[str, Any]], with_pytriton: bool, with_floor: bool = False) -> str:
     """A fixed-width text table of the rows; latencies in ms."""
     header = ["shape", "conc", "pyserve inf/s", "p50 ms", "p99 ms"]
     if with_pytriton:
         header += ["PyTriton inf/s", "p50 ms", "p99 ms", "thr ratio", "p50 ratio"]
+    if with_floor:
+        header += ["floor inf/s", "p50 ms", "p99 ms", "p50 / floor"]
     lines: list[list[str]] = [header]
 
     def cells(m: dict[str, Any]) -> list[str]:
@@ -147,6 +160,8 @@ def format_table(rows: Sequence[dict[str, Any]], with_pytriton: bool) -> str:
         if with_pytriton:
             line += cells(row["pytriton"])
             line += [_fmt(row["throughput_ratio"], ".2f"), _fmt(row["p50_ratio"], ".2f")]
+        if with_floor:
+            line += [*cells(row["floor"]), _fmt(row["floor_p50_ratio"], ".2f")]
         lines.append(line)
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     text = ["  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) for line in lines]
@@ -155,11 +170,12 @@ def format_table(rows: Sequence[dict[str, Any]], with_pytriton: bool) -> str:
 
 
 def target_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """The project's targets (16 floats over HTTP) checked against PyTriton, when both cells were measured."""
+    """The project's targets (16 floats over HTTP) against PyTriton and the bare floor, where both were measured."""
     by_key = {(row["shape"], row["concurrency"]): row for row in rows}
     checks = (
         ((16, 16), "throughput_ratio", ">=", 3.0, "pyserve/PyTriton throughput, 16 floats, c16"),
-        ((16, 1), "p50_ratio", "<=", 0.25, "pyserve/PyTriton p50, 16 floats, c1"),
+        ((16, 1), "p50_ratio", "<=", 0.2, "pyserve/PyTriton p50, 16 floats, c1"),
+        ((16, 1), "floor_p50_ratio", "<=", 3.0, "pyserve/bare-floor p50, 16 floats, c1"),
     )
     lines = []
     for key, field, op, bound, label in checks:
@@ -180,6 +196,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pytriton", action="store_true", help="also benchmark PyTriton 0.7.0 and print ratios")
+    parser.add_argument(
+        "--floor", action="store_true", help="also measure the bare httptools server (no model, no hop) as the floor"
+    )
     parser.add_argument(
         "--duration-ms", type=int, default=2000, help="perf_analyzer measurement window (-p), ms (default 2000)"
     )
@@ -214,6 +233,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-http-") as tmp:
         work = Path(tmp)
         started = time.monotonic()
+        floor = None
+        if args.floor:
+            floor_spec = with_server_script(pyserve_spec(), BENCH_DIR / "http_floor_server.py", [], [MODEL_NAME])
+            floor_spec = dataclasses.replace(floor_spec, name="bare httptools floor")
+            floor = run_matrix(floor_spec, work / "floor.log", perf_analyzer, args)
         pyserve = run_matrix(pyserve_spec(), work / "pyserve.log", perf_analyzer, args)
         pytriton = None
         if pytriton_python is not None:
@@ -222,17 +246,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             pytriton = run_matrix(pytriton_spec(pytriton_python, home), work / "pytriton.log", perf_analyzer, args)
         elapsed = time.monotonic() - started
 
-    rows = build_rows(args.shapes, args.concurrency, pyserve, pytriton)
+    rows = build_rows(args.shapes, args.concurrency, pyserve, pytriton, floor)
     print()
     print(
         f"perf_analyzer over HTTP, model {MODEL_NAME}, measurement window {args.duration_ms} ms, "
         f"time_windows mode; total {elapsed:.0f} s"
     )
-    print(format_table(rows, pytriton is not None))
+    print(format_table(rows, pytriton is not None, floor is not None))
     if any(m.error is None and m.retried for results in (pyserve, pytriton or {}) for m in results.values()):
         threshold = args.stability_percentage or 10
         print(f"* unstable at -s {threshold:g}; measured on a retry with perf_analyzer -s {args.retry_stability:g}")
-    if pytriton is not None:
+    if pytriton is not None or floor is not None:
         print()
         print("\n".join(target_lines(rows)))
     if args.json is not None:
@@ -250,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.json}")
-    failed = any(m.error for results in (pyserve, pytriton or {}) for m in results.values())
+    failed = any(m.error for results in (pyserve, pytriton or {}, floor or {}) for m in results.values())
     return 1 if failed else 0
 
 
