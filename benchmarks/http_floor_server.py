@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from typing import Any
 
 import httptools
@@ -34,7 +35,7 @@ _METADATA = orjson.dumps(
 _CONFIG = orjson.dumps(
     {
         "name": MODEL_NAME,
-        "platform": "python",
+        "platform": "",
         "backend": "python",
         "version_policy": {"latest": {"num_versions": 1}},
         "max_batch_size": 64,
@@ -50,11 +51,13 @@ _answered = 0
 def _statistics() -> bytes:
     # perf_analyzer reads the model's statistics around each window; the floor counts its answers and no durations.
     counted = {"count": _answered, "ns": 0}
-    stats = {key: counted if key == "success" else {"count": 0, "ns": 0} for key in _STAT_KEYS}
+    zero = {"count": 0, "ns": 0}
+    stats = {key: zero if key in ("fail", "cache_hit", "cache_miss") else counted for key in _STAT_KEYS}
     entry = {
         "name": MODEL_NAME,
         "version": "1",
-        "last_inference": 0,
+        # perf_analyzer without -x takes the version inferred last: it must be set once anything was answered.
+        "last_inference": int(time.time() * 1000) if _answered else 0,
         "inference_count": _answered,
         "execution_count": _answered,
         "inference_stats": stats,
