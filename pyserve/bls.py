@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from pyserve.worker.bls import BlsCall, BlsChannel, current_channel
+from pyserve.worker.bls_channel import BlsCall, BlsChannel, current_channel
 
 __all__ = ["ainfer", "ainfer_stream", "infer", "infer_stream"]
 

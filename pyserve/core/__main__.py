@@ -1,4 +1,9 @@
-"""Entry point of the core process: ``python -m pyserve.core --config JSON --router ADDR --shm-prefix P``."""
+"""Entry point of the core process: ``python -m pyserve.core --config JSON --router ADDR --shm-prefix P``.
+
+This is where the core process is put together, and the one module of ``pyserve.core`` that imports the front
+ends: it builds the ``CoreServer``, starts the front ends with the core's ``CoreApi`` (``start_listeners``),
+reports the bound ports to ``Serve`` through the ready pipe, and closes both in order when the core stops.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 from collections.abc import Coroutine
 from typing import Any
@@ -13,8 +19,9 @@ from typing import Any
 import orjson
 
 from pyserve.config import ServeConfig
-from pyserve.core.server import serve_core
+from pyserve.core.server import CoreServer
 from pyserve.errors import ServerError
+from pyserve.frontends.listeners import Listeners, start_listeners
 from pyserve.telemetry.logging_setup import configure_logging
 
 logger = logging.getLogger("pyserve.core")
@@ -39,6 +46,38 @@ def main() -> None:
         if not _report_to_parent(args.ready_fd, str(exc)):
             logger.error("%s", exc)
         sys.exit(1)
+
+
+async def serve_core(
+    config: ServeConfig, router_address: str, shm_prefix: str, parent_pid: int, ready_fd: int | None
+) -> None:
+    """Run the core and its front ends until stopped; reports the ports on ``ready_fd`` once they accept
+    connections. A front end that cannot listen raises ServerError."""
+    core = CoreServer(config, router_address, shm_prefix, parent_pid)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, core.stop)
+    if parent_pid and os.getppid() != parent_pid:
+        return
+    listeners: Listeners | None = None
+    try:
+        await core.start()
+        listeners = await start_listeners(core.api, config)
+        if ready_fd is not None:
+            ready = {
+                "http_port": listeners.http_port,
+                "grpc_port": listeners.grpc_port,
+                "metrics_port": listeners.metrics_port,
+                "router": core.router_address,
+            }
+            os.write(ready_fd, orjson.dumps(ready) + b"\n")
+            os.close(ready_fd)
+        await core.wait_stopped()
+    finally:
+        # Front ends first: nothing new arrives while the core fails what is in flight.
+        if listeners is not None:
+            await listeners.close()
+        await core.close()
 
 
 def _run(main: Coroutine[Any, Any, None]) -> None:

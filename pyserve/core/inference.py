@@ -165,7 +165,7 @@ class Instance:
 
 
 class ResponseOrdering(Protocol):
-    """What the core asks of a model's response orderer (``pyserve.core.scheduler.ResponseOrderer``)."""
+    """What the core asks of a model's response orderer (``pyserve.core.response_orderer.ResponseOrderer``)."""
 
     def register(self, request: InferenceRequest) -> None: ...
 

@@ -14,8 +14,8 @@ queued requests and a timeout; a request whose timeout expired while queued is r
 ``TimeoutAction.DELAY``, moved behind the unexpired requests of its level. Without dynamic batching (``max_batch_size``
 0 or no batcher) the queue is a plain FIFO: request priorities and timeouts are not looked at.
 
-``cancel`` takes a queued request out at once. ``ResponseOrderer`` releases a model's responses in request arrival
-order for ``DynamicBatcher.preserve_ordering``.
+``cancel`` takes a queued request out at once. An ``orderer`` (``pyserve.core.response_orderer``), when given, hears
+of every accepted request, so it can release a model's responses in arrival order (``preserve_ordering``).
 
 Time and timers are injected so the logic is unit-tested with a fake clock.
 """
@@ -24,25 +24,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pyserve.config import QueuePolicy, TimeoutAction
-from pyserve.core.inference import (
-    InferenceRequest,
-    InferenceResponse,
-    Instance,
-    ModelEntry,
-    OutputTensor,
-    ResponseCallback,
-)
+from pyserve.core.inference import InferenceRequest, InferenceResponse, Instance, ModelEntry, ResponseOrdering
 from pyserve.errors import InferenceError, InvalidInputError, QueueFullError, RequestTimeoutError
-
-logger = logging.getLogger(__name__)
 
 
 class TimerHandle(Protocol):
@@ -116,7 +105,7 @@ class ModelScheduler:
         clock: Callable[[], int] = time.monotonic_ns,
         *,
         reject: Reject | None = None,
-        orderer: ResponseOrderer | None = None,
+        orderer: ResponseOrdering | None = None,
     ) -> None:
         self.entry = entry
         self.orderer = orderer
@@ -466,95 +455,3 @@ class ModelScheduler:
         # A request cancelled by flag while queued leaves without a response.
         if self.orderer is not None:
             self.orderer.forget(request)
-
-
-@dataclass(slots=True, eq=False)
-class _Awaited:
-    request: InferenceRequest
-    held: list[InferenceResponse] = field(default_factory=list)
-    finished: bool = False
-
-
-class ResponseOrderer:
-    """Releases one model's responses in request arrival order (``DynamicBatcher.preserve_ordering``).
-
-    Every accepted request is registered in arrival order (``ModelScheduler.submit`` does it); every response then
-    goes through ``deliver``. A request's responses (a decoupled model's partial ones too, in their order) are held
-    until every earlier request had its final response, then passed to ``send`` in order. Held outputs are copied,
-    since their buffers may be reused once ``deliver`` returns. A registered request that will get no further
-    response (cancelled before it ran) must be ``forget``-ed, or it holds back everything after it.
-    """
-
-    def __init__(self, send: ResponseCallback) -> None:
-        self._send = send
-        self._order: deque[_Awaited] = deque()
-        self._awaited: dict[InferenceRequest, _Awaited] = {}
-
-    def __len__(self) -> int:
-        """Requests registered and not yet finished and released."""
-        return len(self._order)
-
-    def register(self, request: InferenceRequest) -> None:
-        """Give the request its place: after every request registered before it."""
-        if request not in self._awaited:
-            awaited = _Awaited(request)
-            self._order.append(awaited)
-            self._awaited[request] = awaited
-
-    def deliver(self, request: InferenceRequest, response: InferenceResponse) -> None:
-        """Send the response now if every earlier request is finished, else hold it (unregistered: send now)."""
-        awaited = self._awaited.get(request)
-        if awaited is None:
-            self._emit(request, response)
-            return
-        if awaited is not self._order[0]:
-            awaited.held.append(_detached(response))
-            awaited.finished = awaited.finished or response.final
-            return
-        if response.final:
-            awaited.finished = True
-            self._order.popleft()
-            del self._awaited[request]
-        self._emit(request, response)
-        if response.final:
-            self._release()
-
-    def forget(self, request: InferenceRequest) -> None:
-        """The request gets no further response: stop holding later requests for it."""
-        awaited = self._awaited.get(request)
-        if awaited is None:
-            return
-        awaited.finished = True
-        if awaited is self._order[0]:
-            self._release()
-
-    def _release(self) -> None:
-        # Pass on what the requests now at the front hold, up to and including the first unfinished one (first in
-        # line now, so its later responses go straight through).
-        order = self._order
-        while order:
-            awaited = order[0]
-            held, awaited.held = awaited.held, []
-            if awaited.finished:
-                order.popleft()
-                del self._awaited[awaited.request]
-            for response in held:
-                self._emit(awaited.request, response)
-            if not awaited.finished:
-                return
-
-    def _emit(self, request: InferenceRequest, response: InferenceResponse) -> None:
-        try:
-            self._send(request, response)
-        except Exception:
-            # One failing callback must not hold back the responses of every later request.
-            logger.exception("sending a response of request %r failed", request.id)
-
-
-def _detached(response: InferenceResponse) -> InferenceResponse:
-    if not response.outputs:
-        return response
-    outputs = [
-        OutputTensor(out.name, out.datatype, out.shape, memoryview(bytes(out.buffer))) for out in response.outputs
-    ]
-    return InferenceResponse(outputs, response.error, response.final, response.parameters)

@@ -1,8 +1,8 @@
 """Per-model statistics in the shape of Triton's statistics extension (``/v2/models/stats``).
 
 The core counts here, once per request or batch, and nothing else: the Prometheus metrics are read from these
-counters at scrape time (``pyserve.core.metrics``). Only the opt-in latency summaries and histograms observe each
-request, through ``ModelStats.latency``.
+counters at scrape time (``pyserve.core.metrics_collector``). Only the opt-in latency summaries and histograms
+observe each request, through ``ModelStats.latency``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class CountedRequest(Protocol):
 
 
 class LatencyObserver(Protocol):
-    """Per-request observations for the opt-in latency summaries and histograms (pyserve.core.metrics)."""
+    """Per-request observations for the opt-in latency summaries and histograms (pyserve.core.metrics_collector)."""
 
     def request(self, queue_ns: int, request_ns: int, input_ns: int, infer_ns: int, output_ns: int) -> None: ...
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from google.protobuf import json_format
 
 from pyserve.config import ServeConfig
+from pyserve.core.api import CoreApi
 from pyserve.core.infer_call import build_request
 from pyserve.core.inference import InferenceRequest, InferenceResponse, ModelEntry
 from pyserve.errors import InferenceError, InvalidInputError, ModelNotFoundError, ModelNotReadyError, UnsupportedError
@@ -34,9 +35,6 @@ from pyserve.frontends.grpc_codec import (
 )
 from pyserve.frontends.protocol import grpc_service_pb2 as pb
 from pyserve.frontends.protocol import health_pb2
-
-if TYPE_CHECKING:
-    from pyserve.core.server import CoreServer
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +54,7 @@ def _status(error: InferenceError) -> grpc.StatusCode:
 class GrpcFrontend:
     """The gRPC server of one core: start() binds it, stop() ends every call."""
 
-    def __init__(self, core: CoreServer, config: ServeConfig) -> None:
+    def __init__(self, core: CoreApi, config: ServeConfig) -> None:
         self.core = core
         self.config = config
         self.port = 0
@@ -164,7 +162,7 @@ class GrpcFrontend:
     # health and metadata ----------------------------------------------------------------------------------------
 
     def _server_live(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
-        return pb.ServerLiveResponse(live=True)
+        return pb.ServerLiveResponse(live=self.core.is_live())
 
     def _server_ready(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self.core.is_ready())
@@ -188,7 +186,7 @@ class GrpcFrontend:
 
     def _model_metadata(self, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
         entry = self._entry(request.name, request.version)
-        doc = entry.metadata([e.version for e in self.core.registry.versions(entry.name)])
+        doc = entry.metadata([e.version for e in self.core.models.versions(entry.name)])
         response = pb.ModelMetadataResponse()
         json_format.ParseDict(doc, response)
         return response
@@ -200,14 +198,14 @@ class GrpcFrontend:
         return response
 
     def _model_statistics(self, request: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
-        registry = self.core.registry
+        models = self.core.models
         if not request.name:
-            entries = registry.entries()
+            entries = models.entries()
         elif not request.version:
-            entries = registry.versions(request.name)
+            entries = models.versions(request.name)
         else:
             try:
-                entries = [registry.get(request.name, request.version)]
+                entries = [models.get(request.name, request.version)]
             except ModelNotFoundError:
                 entries = []
         if request.name and not entries:
@@ -220,13 +218,13 @@ class GrpcFrontend:
         return response
 
     def _entry(self, name: str, version: str) -> ModelEntry:
-        return self.core.registry.get(name, version or None)
+        return self.core.models.get(name, version or None)
 
     # repository, shared memory, trace, logging: what this server does today ------------------------------------
 
     def _repository_index(self, request: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
         response = pb.RepositoryIndexResponse()
-        for entry in self.core.registry.entries():
+        for entry in self.core.models.entries():
             if request.ready and not entry.ready:
                 continue
             state = "READY" if entry.ready else "UNAVAILABLE"
@@ -234,7 +232,7 @@ class GrpcFrontend:
         return response
 
     def _repository_load(self, request: pb.RepositoryModelLoadRequest) -> pb.RepositoryModelLoadResponse:
-        versions = self.core.registry.versions(request.model_name)
+        versions = self.core.models.versions(request.model_name)
         if versions and all(entry.ready for entry in versions) and not request.parameters:
             return pb.RepositoryModelLoadResponse()  # already loaded: nothing to do
         raise ModelNotReadyError(
@@ -315,7 +313,7 @@ class GrpcFrontend:
     async def _model_infer(self, data: bytes, context: Context) -> bytes:
         try:
             message, raw = parse_infer_request(data)
-            entry, call = decode_infer_call(message, raw, self.core.registry)
+            entry, call = decode_infer_call(message, raw, self.core.models)
             if entry.spec.config.decoupled:
                 raise UnsupportedError(
                     f"model '{entry.name}' is decoupled (streaming): use ModelStreamInfer to receive its responses"
@@ -395,7 +393,7 @@ class _Stream:
         message: pb.ModelInferRequest | None = None
         try:
             message, raw = parse_infer_request(data)
-            entry, call = decode_infer_call(message, raw, self.core.registry)
+            entry, call = decode_infer_call(message, raw, self.core.models)
         except InferenceError as exc:
             self.queue.put_nowait(stream_flag_bytes(message or pb.ModelInferRequest(), str(exc)))
             return
@@ -453,7 +451,7 @@ def _traceparent(context: Context) -> str:
     return ""
 
 
-async def start_grpc_server(core: CoreServer, config: ServeConfig) -> tuple[GrpcFrontend, int]:
+async def start_grpc_server(core: CoreApi, config: ServeConfig) -> tuple[GrpcFrontend, int]:
     """Start the gRPC front end of ``core``; returns it and the bound port."""
     frontend = GrpcFrontend(core, config)
     port = await frontend.start()

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from pyserve.core.api import ModelsView
 from pyserve.core.infer_call import InferCall, check_parameter_names, tensor_from_binary
 from pyserve.core.inference import InputTensor, ModelEntry, OutputTensor
-from pyserve.core.registry import Registry
 from pyserve.dtypes import DATATYPES, numpy_dtype, serialize_bytes
 from pyserve.errors import InvalidInputError, UnsupportedError
 from pyserve.frontends.common import FINAL_RESPONSE, model_parameters
@@ -147,10 +147,10 @@ def parameters_from_proto(parameters: Mapping[str, pb.InferParameter]) -> dict[s
 
 
 def decode_infer_call(
-    message: pb.ModelInferRequest, raw: list[memoryview], registry: Registry
+    message: pb.ModelInferRequest, raw: list[memoryview], models: ModelsView
 ) -> tuple[ModelEntry, InferCall]:
     """Resolve the model and decode and validate the request for it (raises InferenceError with the reason)."""
-    entry = registry.get(message.model_name, message.model_version or None)
+    entry = models.get(message.model_name, message.model_version or None)
     parameters = parameters_from_proto(message.parameters)
     check_parameter_names(parameters)
     if raw and len(raw) != len(message.inputs):

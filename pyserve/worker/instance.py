@@ -27,7 +27,7 @@ from pyserve.request import ModelContext, Request, RequestBatch, reset_current_m
 from pyserve.telemetry.spans import start_compute
 from pyserve.transport.messages import FrameWriter, array_from_buffer, pack_header, read_buffer, unpack_header
 from pyserve.transport.shm import ShmPool, ShmReader
-from pyserve.worker.bls import BlsChannel
+from pyserve.worker.bls_channel import BlsChannel
 from pyserve.worker.cancel import CancelListener, acquire_listener, release_listener
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ import pytest
 
 from pyserve import ModelConfig, Step, Tensor
 from pyserve.config import ModelSpec
-from pyserve.core.ensemble import EnsembleExecutor, load_ensemble
+from pyserve.core.ensemble_executor import EnsembleExecutor, load_ensemble
 from pyserve.core.infer_call import InferCall, build_request
 from pyserve.core.inference import (
     BufferLease,

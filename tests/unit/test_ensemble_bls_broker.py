@@ -13,8 +13,8 @@ import pytest
 
 from pyserve import ModelConfig, Tensor
 from pyserve.config import ModelSpec
-from pyserve.core.bls import BlsBroker
-from pyserve.core.ensemble import EnsembleExecutor
+from pyserve.core.bls_broker import BlsBroker
+from pyserve.core.ensemble_executor import EnsembleExecutor
 from pyserve.core.inference import BufferLease, InferenceRequest, InferenceResponse, Instance, ModelEntry, OutputTensor
 from pyserve.core.registry import Registry
 from pyserve.errors import ModelExecutionError

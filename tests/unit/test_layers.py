@@ -17,7 +17,18 @@ import pyserve
 PACKAGE_DIR = Path(pyserve.__file__).resolve().parent
 
 # Shared definitions, imported by every layer: they import only each other.
-SHARED = frozenset({"pyserve.config", "pyserve.dtypes", "pyserve.errors", "pyserve.request", "pyserve.decorators"})
+SHARED = frozenset(
+    {
+        "pyserve.config",
+        "pyserve.dtypes",
+        "pyserve.errors",
+        "pyserve.request",
+        "pyserve.decorators",
+        "pyserve.ensemble",
+        "pyserve.grouping",
+        "pyserve.wrapping",
+    }
+)
 
 # Layers that may import only the areas listed (besides their own modules). An area is a module or a package with
 # everything in it.
@@ -32,21 +43,14 @@ MUST_NOT_IMPORT: dict[str, frozenset[str]] = {
     "pyserve.frontends": frozenset({"pyserve.worker", "pyserve.serve", "pyserve.cli"}),
 }
 
-# The one known violation, removed by the next step of issue #10 ("Core structure: one-way layers"): CoreServer
-# starts the front ends itself (core/server -> frontends/*), while the front ends and the metrics are typed against
-# CoreServer (-> core/server), which closes a cycle. Once the entry point wires the front ends to a core API, these
-# edges go, and so must this list (test_pending_split_lists_only_edges_that_exist says when).
-PENDING_SPLIT = frozenset(
-    {
-        ("pyserve.core.server", "pyserve.frontends.grpc"),
-        ("pyserve.core.server", "pyserve.frontends.http"),
-        ("pyserve.core.server", "pyserve.frontends.metrics"),
-        ("pyserve.frontends.grpc", "pyserve.core.server"),
-        ("pyserve.frontends.http", "pyserve.core.server"),
-        ("pyserve.frontends.metrics", "pyserve.core.server"),
-        ("pyserve.core.metrics", "pyserve.core.server"),
-    }
-)
+# The front ends reach the core only through the interface they are written against (``CoreApi`` and the views it
+# returns) and the request types they build, submit and answer.
+FRONTENDS_SEE_OF_CORE = frozenset({"pyserve.core.api", "pyserve.core.inference", "pyserve.core.infer_call"})
+
+# The one module allowed across a line above: the core process's entry point puts the process together, building
+# the core and starting the front ends with the core's API. Nothing imports it (test_nothing_imports_the_wiring
+# checks), so it cannot close a cycle.
+WIRING: dict[str, frozenset[str]] = {"pyserve.core.__main__": frozenset({"pyserve.frontends"})}
 
 Graph = dict[str, set[str]]
 
@@ -154,13 +158,6 @@ def _closed_path(graph: Mapping[str, Iterable[str]], component: set[str]) -> lis
     raise AssertionError(f"no cycle through {sorted(component)}")
 
 
-def _without(graph: Graph, edges: Iterable[tuple[str, str]]) -> Graph:
-    pruned = {module: set(targets) for module, targets in graph.items()}
-    for source, target in edges:
-        pruned.get(source, set()).discard(target)
-    return pruned
-
-
 def layer_violations(graph: Graph) -> list[str]:
     """Every import that breaks a layer rule, as ``importer -> imported (the rule)``."""
     found: list[str] = []
@@ -175,9 +172,16 @@ def layer_violations(graph: Graph) -> list[str]:
                     found.append(f"{source} -> {target} ({layer} may import only {', '.join(sorted(allowed))})")
             layer = _layer(source, MUST_NOT_IMPORT)
             if layer is not None:
-                for area in sorted(MUST_NOT_IMPORT[layer]):
+                for area in sorted(MUST_NOT_IMPORT[layer] - WIRING.get(source, frozenset())):
                     if _within(target, area):
                         found.append(f"{source} -> {target} ({layer} never imports {area})")
+            if (
+                _within(source, "pyserve.frontends")
+                and _within(target, "pyserve.core")
+                and target not in FRONTENDS_SEE_OF_CORE
+            ):
+                allowed = ", ".join(sorted(FRONTENDS_SEE_OF_CORE))
+                found.append(f"{source} -> {target} (pyserve.frontends reaches the core only through {allowed})")
     return found
 
 
@@ -189,19 +193,21 @@ def _edge_list(lines: Iterable[str]) -> str:
 
 
 def test_pyserve_has_no_import_cycles() -> None:
-    cycles = import_cycles(_without(import_graph(PACKAGE_DIR), PENDING_SPLIT))
+    cycles = import_cycles(import_graph(PACKAGE_DIR))
     assert not cycles, "import cycles (module -> a module it imports):" + _edge_list(cycles)
 
 
 def test_each_layer_imports_only_what_lies_below_it() -> None:
-    violations = layer_violations(_without(import_graph(PACKAGE_DIR), PENDING_SPLIT))
+    violations = layer_violations(import_graph(PACKAGE_DIR))
     assert not violations, "imports against the layers:" + _edge_list(violations)
 
 
-def test_pending_split_lists_only_edges_that_exist() -> None:
+def test_nothing_imports_the_wiring() -> None:
     graph = import_graph(PACKAGE_DIR)
-    gone = sorted(f"{source} -> {target}" for source, target in PENDING_SPLIT if target not in graph.get(source, ()))
-    assert not gone, "these imports are gone: remove them from PENDING_SPLIT:" + _edge_list(gone)
+    importers = sorted(
+        f"{source} -> {target}" for source, targets in graph.items() for target in targets & WIRING.keys()
+    )
+    assert not importers, "the process's wiring is imported:" + _edge_list(importers)
 
 
 # the checks themselves -------------------------------------------------------------------------------------------
@@ -248,12 +254,26 @@ def test_a_cycle_is_reported_as_a_closed_path() -> None:
 def test_a_layer_violation_names_the_edge_and_the_rule() -> None:
     graph: Graph = {
         "pyserve.worker.instance": {"pyserve.core.tracing", "pyserve.telemetry.spans", "pyserve.errors"},
-        "pyserve.core.ensemble": {"pyserve.frontends.common"},
+        "pyserve.core.ensemble_executor": {"pyserve.frontends.common"},
         "pyserve.errors": {"pyserve.transport.shm"},
     }
     assert layer_violations(graph) == [
-        "pyserve.core.ensemble -> pyserve.frontends.common (pyserve.core never imports pyserve.frontends)",
+        "pyserve.core.ensemble_executor -> pyserve.frontends.common (pyserve.core never imports pyserve.frontends)",
         "pyserve.errors -> pyserve.transport.shm (a shared definition imports only other shared definitions)",
         "pyserve.worker.instance -> pyserve.core.tracing (pyserve.worker may import only pyserve.config, "
-        "pyserve.decorators, pyserve.dtypes, pyserve.errors, pyserve.request, pyserve.telemetry, pyserve.transport)",
+        "pyserve.decorators, pyserve.dtypes, pyserve.ensemble, pyserve.errors, pyserve.grouping, pyserve.request, "
+        "pyserve.telemetry, pyserve.transport, pyserve.wrapping)",
+    ]
+
+
+def test_front_ends_see_only_the_core_api_and_only_the_wiring_imports_them() -> None:
+    graph: Graph = {
+        "pyserve.frontends.http": {"pyserve.core.api", "pyserve.core.inference", "pyserve.core.server"},
+        "pyserve.core.__main__": {"pyserve.core.server", "pyserve.frontends.listeners"},
+        "pyserve.core.server": {"pyserve.frontends.http"},
+    }
+    assert layer_violations(graph) == [
+        "pyserve.core.server -> pyserve.frontends.http (pyserve.core never imports pyserve.frontends)",
+        "pyserve.frontends.http -> pyserve.core.server (pyserve.frontends reaches the core only through "
+        "pyserve.core.api, pyserve.core.infer_call, pyserve.core.inference)",
     ]

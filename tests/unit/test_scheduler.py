@@ -18,7 +18,8 @@ import pytest
 
 from pyserve.config import DynamicBatcher, ModelConfig, ModelSpec, QueuePolicy, Tensor, TimeoutAction
 from pyserve.core.inference import InferenceRequest, InferenceResponse, Instance, ModelEntry, OutputTensor
-from pyserve.core.scheduler import ModelScheduler, Reject, ResponseOrderer
+from pyserve.core.response_orderer import ResponseOrderer
+from pyserve.core.scheduler import ModelScheduler, Reject
 from pyserve.errors import InferenceError, InvalidInputError, ModelExecutionError, QueueFullError, RequestTimeoutError
 
 US = 1000  # nanoseconds per microsecond
@@ -986,7 +987,7 @@ def test_a_failing_send_does_not_hold_back_later_responses(caplog: pytest.LogCap
     orderer.register(a)
     orderer.register(b)
     orderer.deliver(b, InferenceResponse([]))
-    with caplog.at_level(logging.ERROR, logger="pyserve.core.scheduler"):
+    with caplog.at_level(logging.ERROR, logger="pyserve.core.response_orderer"):
         orderer.deliver(a, InferenceResponse([]))
     assert sent == ["b"]
     assert "sending a response of request 'a' failed" in caplog.text

@@ -29,11 +29,9 @@ from pyserve.core.host import GPU_FAMILIES, CpuReader, GpuReader
 from pyserve.core.stats import FAILURE_REASONS
 
 if TYPE_CHECKING:
+    from pyserve.core.api import ModelsView
     from pyserve.core.cache import ResponseCache
     from pyserve.core.inference import ModelEntry
-    from pyserve.core.server import CoreServer
-
-CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 # Triton's defaults: summary quantiles over a 60 s window (5 age buckets), first-response histogram buckets (ms).
 SUMMARY_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
@@ -218,13 +216,26 @@ class LatencyRecorder:
 
 
 class CoreMetrics:
-    """The core's metrics: Triton's families built from the core's state when scraped."""
+    """The core's metrics: Triton's families built from the models' counters, the response cache and the host,
+    read when scraped.
 
-    def __init__(self, core: CoreServer, *, gpu: bool = True) -> None:
-        self.core = core
-        config = core.config
-        self.summaries = config.metrics_summaries
-        self.histograms = config.metrics_histograms
+    ``summaries`` and ``histograms`` switch on the opt-in per-request observations (``ServeConfig.metrics_summaries``
+    / ``metrics_histograms``); ``gpu=False`` leaves NVML alone.
+    """
+
+    def __init__(
+        self,
+        models: ModelsView,
+        cache: ResponseCache | None = None,
+        *,
+        summaries: bool = False,
+        histograms: bool = False,
+        gpu: bool = True,
+    ) -> None:
+        self._models = models
+        self._cache = cache
+        self.summaries = summaries
+        self.histograms = histograms
         self._cpu = CpuReader()
         self._gpu = GpuReader.open() if gpu else None
 
@@ -247,7 +258,7 @@ class CoreMetrics:
 
     def collect(self) -> Iterator[Metric]:
         """Every family, in Triton's order."""
-        entries = self.core.registry.entries()
+        entries = self._models.entries()
         labels = [{"model": entry.name, "version": str(entry.version)} for entry in entries]
         stats = [entry.stats for entry in entries]
 
@@ -298,7 +309,7 @@ class CoreMetrics:
         yield from self._host_families()
 
     def _cache_families(self, entries: list[ModelEntry], labels: list[dict[str, str]]) -> Iterator[Metric]:
-        cache: ResponseCache | None = self.core.cache
+        cache = self._cache
         cached = [(label, entry.stats) for label, entry in zip(labels, entries, strict=True) if entry.response_cache]
         if cache is None or not cached:
             return

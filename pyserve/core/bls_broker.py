@@ -30,7 +30,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from pyserve.core.deadline import batch_deadline_ns, earliest
-from pyserve.core.ensemble import EnsembleEntry, EnsembleExecutor
+from pyserve.core.ensemble_executor import EnsembleEntry, EnsembleExecutor
 from pyserve.core.infer_call import InferCall, build_request, check_parameter_names, tensor_from_binary
 from pyserve.core.inference import InferenceRequest, InferenceResponse, InputTensor, Instance, ModelEntry
 from pyserve.core.registry import Registry

@@ -1,29 +1,32 @@
 """The metrics endpoint: ``GET /metrics`` on ``ServeConfig.metrics_port`` (8002), as Triton serves it.
 
-A second listener of the HTTP front end's protocol on the core's loop (no thread, no process of its own), with an
-app that answers only ``/metrics``. The page is built when the scrape arrives (``pyserve.core.metrics``).
+A second listener of the HTTP front end's connection protocol on the core's loop (no thread, no process of its
+own), with an app that answers only ``/metrics``. The page is built when the scrape arrives
+(``CoreApi.metrics_page``, from ``pyserve.core.metrics_collector``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
 from pyserve.config import ServeConfig
-from pyserve.core.metrics import CONTENT_TYPE
-from pyserve.frontends.http import HttpApp, HttpProtocol, HttpRequest, listen
-
-if TYPE_CHECKING:
-    from pyserve.core.server import CoreServer
+from pyserve.core.api import METRICS_CONTENT_TYPE, CoreApi
+from pyserve.core.inference import InferenceRequest
+from pyserve.frontends.http_connection import HttpProtocol, HttpRequest, listen
 
 logger = logging.getLogger(__name__)
 
 
-class MetricsApp(HttpApp):
+class MetricsApp:
     """Answers ``GET /metrics``; everything else is 404 (405 for another method)."""
 
+    def __init__(self, core: CoreApi, config: ServeConfig) -> None:
+        self.core = core
+        self.max_body = config.max_request_bytes
+
     def handle(self, conn: HttpProtocol, request: HttpRequest) -> None:
+        """Answer one request with the metrics page, or 404/405."""
         if request.path.rstrip(b"/") != b"/metrics":
             conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}; metrics are at /metrics")
             return
@@ -31,14 +34,17 @@ class MetricsApp(HttpApp):
             conn.respond_error(request, 405, "use GET")
             return
         try:
-            page = self.core.metrics.render()
+            page = self.core.metrics_page()
         except Exception as exc:
             logger.exception("could not collect metrics")
             conn.respond_error(request, 500, f"could not collect metrics: {exc}")
             return
-        conn.respond(request, 200, page, CONTENT_TYPE)
+        conn.respond(request, 200, page, METRICS_CONTENT_TYPE)
+
+    def cancel(self, request: InferenceRequest) -> None:
+        """Nothing to cancel: the page is answered at once."""
 
 
-async def start_metrics_server(core: CoreServer, config: ServeConfig) -> tuple[asyncio.base_events.Server, int]:
+async def start_metrics_server(core: CoreApi, config: ServeConfig) -> tuple[asyncio.base_events.Server, int]:
     """Listen on config.host:metrics_port (0 picks a free port); returns the server and the bound port."""
     return await listen(MetricsApp(core, config), config.host, config.metrics_port, backlog=128)

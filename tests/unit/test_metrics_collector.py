@@ -1,5 +1,5 @@
-"""Tests of pyserve.core.metrics: Triton's families read from the core's counters, the text format, the opt-in
-summaries and histograms, and the host readings."""
+"""Tests of pyserve.core.metrics_collector: Triton's families read from the core's counters, the text format, the
+opt-in summaries and histograms, and the host readings."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pyserve import ModelConfig, ServeConfig, Tensor
+from pyserve import ModelConfig, Tensor
 from pyserve.config import ModelSpec
 from pyserve.core.cache import ResponseCache
 from pyserve.core.host import CpuReader
 from pyserve.core.inference import InferenceRequest, Instance, ModelEntry
-from pyserve.core.metrics import BucketHistogram, CoreMetrics, LatencyRecorder, SlidingQuantiles, render
+from pyserve.core.metrics_collector import BucketHistogram, CoreMetrics, LatencyRecorder, SlidingQuantiles, render
 from pyserve.core.registry import Registry
 from pyserve.core.scheduler import ModelScheduler
 from pyserve.core.stats import BACKEND, CANCELED, OTHER, REJECTED
@@ -49,14 +49,14 @@ def request(model: ModelEntry) -> InferenceRequest:
     return InferenceRequest(model, "r", {}, {}, [], 1, lambda request, response: None)
 
 
-def core_with(*entries: ModelEntry, cache: ResponseCache | None = None, **config: Any) -> Any:
-    """The parts of a CoreServer that CoreMetrics reads: its registry, config and response cache."""
+def collector(
+    *entries: ModelEntry, cache: ResponseCache | None = None, summaries: bool = False, histograms: bool = False
+) -> CoreMetrics:
+    """A collector over a registry of these models (and the response cache), without NVML."""
     registry = Registry()
     for model in entries:
         registry.add(model)
-    return types.SimpleNamespace(
-        registry=registry, config=ServeConfig(http_port=0, grpc_port=0, metrics_port=0, **config), cache=cache
-    )
+    return CoreMetrics(registry, cache, summaries=summaries, histograms=histograms, gpu=False)
 
 
 def samples(page: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -77,7 +77,7 @@ def labels(model: str = "m", version: str = "1", **extra: str) -> tuple[tuple[st
 
 
 def test_every_model_has_every_series_from_the_start_at_zero() -> None:
-    page = CoreMetrics(core_with(entry("a"), entry("b", 2)), gpu=False).render()
+    page = collector(entry("a"), entry("b", 2)).render()
     values = samples(page)
     for model, version in (("a", "1"), ("b", "2")):
         for name in (
@@ -99,7 +99,7 @@ def test_every_model_has_every_series_from_the_start_at_zero() -> None:
 
 def test_help_and_type_lines_are_tritons() -> None:
     reference = (REFERENCE / "metrics_full.txt").read_text().splitlines()
-    page = CoreMetrics(core_with(entry()), gpu=False).render().decode().splitlines()
+    page = collector(entry()).render().decode().splitlines()
     wanted = [line for line in reference if line.startswith("#") and ("nv_inference" in line or "nv_cpu" in line)]
     assert wanted, "the reference page has no inference families"
     for line in wanted:
@@ -107,7 +107,7 @@ def test_help_and_type_lines_are_tritons() -> None:
 
 
 def test_counters_keep_tritons_names_without_a_total_suffix() -> None:
-    page = CoreMetrics(core_with(entry()), gpu=False).render().decode()
+    page = collector(entry()).render().decode()
     assert "# TYPE nv_inference_request_success counter\n" in page
     assert 'nv_inference_request_success{model="m",version="1"} 0\n' in page
     assert not re.search(r"^nv_inference\w*_total", page, re.M)
@@ -123,7 +123,7 @@ def test_counters_are_read_from_the_model_statistics() -> None:
     stats.record_failure(BACKEND, 4_000)
     stats.record_failure(REJECTED, 0)
     stats.record_failure(REJECTED, 0)
-    values = samples(CoreMetrics(core_with(model), gpu=False).render())
+    values = samples(collector(model).render())
     assert values[("nv_inference_request_success", labels())] == 2
     assert values[("nv_inference_request_failure", labels(reason=BACKEND))] == 1
     assert values[("nv_inference_request_failure", labels(reason=REJECTED))] == 2
@@ -142,7 +142,7 @@ def test_pending_count_is_the_scheduler_queue_depth() -> None:
     model.scheduler = ModelScheduler(model, lambda batch, instance: None, lambda delay, callback: _Timer())
     for _ in range(3):
         model.scheduler.submit(request(model))  # no instance: they stay queued
-    values = samples(CoreMetrics(core_with(model), gpu=False).render())
+    values = samples(collector(model).render())
     assert values[("nv_inference_pending_request_count", labels())] == 3
 
 
@@ -153,8 +153,7 @@ class _Timer:
 
 def test_model_load_duration_is_set_once_every_instance_is_connected() -> None:
     model = entry(instances=2)
-    core = core_with(model)
-    metrics = CoreMetrics(core, gpu=False)
+    metrics = collector(model)
     model.instances.append(Instance(b"a", 0, "thread", 1))
     metrics.model_ready(model)
     assert model.stats.load_duration_ns == 0
@@ -172,7 +171,7 @@ def test_cache_families_appear_for_cached_models_only() -> None:
     cached.stats.record_cache_hit(lookup_ns=3_000, request_ns=5_000)
     cached.stats.record_cache_miss(miss_ns=8_000)
     cache = ResponseCache(1 << 20)
-    values = samples(CoreMetrics(core_with(cached, plain, cache=cache), gpu=False).render())
+    values = samples(collector(cached, plain, cache=cache).render())
     assert values[("nv_cache_num_hits_per_model", labels("cached"))] == 1
     assert values[("nv_cache_num_misses_per_model", labels("cached"))] == 1
     assert values[("nv_cache_hit_duration_per_model", labels("cached"))] == 3
@@ -187,7 +186,7 @@ def test_cache_families_appear_for_cached_models_only() -> None:
 
 def test_summaries_and_histograms_are_opt_in() -> None:
     plain = entry()
-    metrics = CoreMetrics(core_with(plain), gpu=False)
+    metrics = collector(plain)
     plain.instances.append(Instance(b"a", 0, "thread", 1))
     metrics.model_ready(plain)
     assert plain.stats.latency is None
@@ -197,7 +196,7 @@ def test_summaries_and_histograms_are_opt_in() -> None:
 
 def test_summaries_report_quantiles_count_and_sum() -> None:
     model = entry(max_batch_size=8)
-    metrics = CoreMetrics(core_with(model, metrics_summaries=True), gpu=False)
+    metrics = collector(model, summaries=True)
     model.instances.append(Instance(b"a", 0, "thread", 1))
     metrics.model_ready(model)
     requests = [request(model) for _ in range(4)]
@@ -219,7 +218,7 @@ def test_summaries_report_quantiles_count_and_sum() -> None:
 
 def test_first_response_histogram_is_for_decoupled_models() -> None:
     streaming, plain = entry("streaming", decoupled=True), entry("plain")
-    metrics = CoreMetrics(core_with(streaming, plain, metrics_histograms=True), gpu=False)
+    metrics = collector(streaming, plain, histograms=True)
     for model in (streaming, plain):
         model.instances.append(Instance(b"x", 0, "thread", 1))
         metrics.model_ready(model)
@@ -313,7 +312,7 @@ def test_cpu_reader_without_proc_reports_nothing(tmp_path: Path) -> None:
 
 
 def test_host_families_are_tritons_when_proc_exists() -> None:
-    page = CoreMetrics(core_with(), gpu=False).render().decode()
+    page = collector().render().decode()
     if not Path("/proc/stat").exists():
         pytest.skip("no /proc here")
     assert re.search(r"^nv_cpu_utilization [0-9.e-]+$", page, re.M)
@@ -388,7 +387,7 @@ def test_gpu_readings_use_tritons_names_and_the_gpu_uuid_label() -> None:
     from pyserve.core.host import GpuReader
 
     nvml = FakeNvml(power_limit=False)
-    metrics = CoreMetrics(core_with(), gpu=False)
+    metrics = collector()
     metrics._gpu = GpuReader(nvml, [("GPU-1234", object())])
     nvml.energy_mj += 2_500  # 2.5 J since the server started
     values = samples(metrics.render())
@@ -415,8 +414,7 @@ def test_the_grafana_dashboard_queries_only_metrics_the_server_exposes() -> None
     }
     assert queried
     streaming, cached = entry("streaming", decoupled=True), entry("cached", response_cache=True)
-    core = core_with(streaming, cached, cache=ResponseCache(1024), metrics_summaries=True, metrics_histograms=True)
-    metrics = CoreMetrics(core, gpu=False)
+    metrics = collector(streaming, cached, cache=ResponseCache(1024), summaries=True, histograms=True)
     metrics._gpu = GpuReader(FakeNvml(), [("GPU-0", object())])
     for model in (streaming, cached):
         model.instances.append(Instance(b"x", 0, "thread", 1))

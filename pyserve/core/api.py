@@ -1,0 +1,108 @@
+"""What the front ends may use of the core: the one interface they are written against.
+
+The core process's entry point (``pyserve.core.__main__``) builds the core, then starts each front end with the
+core's ``CoreApi``. A front end decodes its wire format into a request (``infer_call.build_request``), submits it
+here and writes the answer from the request's callback; everything else it serves (health, metadata, statistics,
+settings, the metrics page) it reads through the same object. Front ends never see ``CoreServer``, its sockets or
+its workers, so either side can change behind this interface, and a front end can be tested against a
+``CoreApi`` built from fakes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from pyserve.core.inference import InferenceRequest, ModelEntry
+
+
+class ModelsView(Protocol):
+    """The bound model versions, read only (``pyserve.core.registry.Registry`` fits)."""
+
+    def get(self, name: str, version: str | int | None = None) -> ModelEntry:
+        """A model version; without a version, the highest one. Raises ModelNotFoundError."""
+        ...
+
+    def entries(self) -> list[ModelEntry]:
+        """Every model version, sorted by name and version."""
+        ...
+
+    def versions(self, name: str) -> list[ModelEntry]:
+        """All versions of one model (empty when unknown)."""
+        ...
+
+
+class TracingControls(Protocol):
+    """Triton's trace settings, as the trace endpoints read and change them (``pyserve.core.tracing.Tracing``)."""
+
+    @property
+    def active(self) -> bool:
+        """Whether any scope traces: only then does a front end read a request's ``traceparent``."""
+        ...
+
+    def to_json(self, model: str | None = None) -> dict[str, Any]:
+        """The settings of a model (or the server's)."""
+        ...
+
+    def update(self, model: str | None, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """Change settings; returns the settings that now apply."""
+        ...
+
+
+class LogControls(Protocol):
+    """Triton's log settings, as the logging endpoints read and change them (``pyserve.core.logs.LogSettings``)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The settings document."""
+        ...
+
+    def update(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """Apply a settings request (all or nothing); returns the settings now in force."""
+        ...
+
+
+class CoreApi:
+    """The core, as a front end sees it.
+
+    - ``submit(request)`` queues a request built with ``build_request``; it is answered through its callback, on
+      the core's loop. A request refused at once (model not ready, queue full, a bad ``priority``) raises its
+      ``InferenceError`` instead and gets no callback.
+    - ``cancel(request)`` says the client went away: a queued request is dropped, a running one is told to stop.
+      It gets no further callback.
+    - ``is_live()`` / ``is_ready()``: the server's health (ready: the bound models are loaded and each has an
+      instance).
+    - ``models``: the bound model versions (``ModelsView``); ``tracing`` and ``logs``: the settings endpoints.
+    - ``metrics_page()``: the Prometheus page, built when called (``METRICS_CONTENT_TYPE``).
+
+    The members are the core's own bound methods and objects, so calling through this object costs what calling
+    the core directly would.
+    """
+
+    __slots__ = ("cancel", "is_ready", "logs", "metrics_page", "models", "submit", "tracing")
+
+    def __init__(
+        self,
+        *,
+        submit: Callable[[InferenceRequest], None],
+        cancel: Callable[[InferenceRequest], None],
+        is_ready: Callable[[], bool],
+        models: ModelsView,
+        tracing: TracingControls,
+        logs: LogControls,
+        metrics_page: Callable[[], bytes],
+    ) -> None:
+        self.submit = submit
+        self.cancel = cancel
+        self.is_ready = is_ready
+        self.models = models
+        self.tracing = tracing
+        self.logs = logs
+        self.metrics_page = metrics_page
+
+    def is_live(self) -> bool:
+        """Whether the core answers: always, while its loop runs (anything that can ask, gets True)."""
+        return True
+
+
+# The Prometheus text format (0.0.4) that ``CoreApi.metrics_page`` is written in.
+METRICS_CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"

@@ -1,0 +1,228 @@
+"""Batches in flight: a scheduler's batch sent to an instance, until the instance's final result for it.
+
+``dispatch`` lays a batch's inputs out for the worker (each input's rows end to end, in a shared-memory slot or a
+ZeroMQ frame; see ``FrameWriter``) and sends it as one ``infer`` message. ``on_result`` reads a ``res`` message:
+the outputs of each request, which stay in the worker's slots until every holder of the response lets go of them
+(then the worker hears ``free``), or the batch's error. A final result frees the batch's input slots, hands the
+instance its next batch before the answers are encoded, and records the batch's statistics.
+
+A request of a running batch that is cancelled is told to the instance through the cancel publisher
+(``cancel_running``); a batch on an instance that goes away fails with the instance's error (``fail_on``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import zmq
+
+from pyserve.core.inference import BufferLease, InferenceRequest, InferenceResponse, Instance, ModelEntry, OutputTensor
+from pyserve.core.request_flow import fail, respond
+from pyserve.core.stats import BACKEND, CANCELED, OTHER
+from pyserve.core.tracing import Tracing
+from pyserve.errors import InferenceError, error_from_kind
+from pyserve.transport.messages import FrameWriter, pack_header, read_buffer
+from pyserve.transport.shm import ShmPool, ShmReader
+
+Send = Callable[[bytes, dict[str, Any], "list[Any] | None"], None]
+
+
+@dataclass(slots=True, eq=False)
+class PendingBatch:
+    """A batch sent to an instance, until its final response."""
+
+    requests: list[InferenceRequest]
+    instance: Instance
+    entry: ModelEntry
+    slots: list[str]
+    rows: int
+    dispatched_ns: int
+
+
+class BatchesInFlight:
+    """Sends batches to instances and answers their requests from the results.
+
+    ``pool`` holds the inputs laid out for workers (from ``shm_threshold_bytes``); ``reader`` maps the workers'
+    output slots; ``connected`` is the core's map of connected instances (identity -> (instance, model version,
+    shm prefix)): results and frees are only for instances still in it. ``send(identity, header, frames)`` sends
+    a message to an instance.
+    """
+
+    def __init__(
+        self,
+        pool: ShmPool,
+        reader: ShmReader,
+        shm_threshold_bytes: int,
+        tracing: Tracing,
+        connected: Mapping[bytes, tuple[Instance, ModelEntry, str]],
+        send: Send,
+    ) -> None:
+        self.pending: dict[int, PendingBatch] = {}
+        self._pool = pool
+        self._reader = reader
+        self._threshold = shm_threshold_bytes
+        self._tracing = tracing
+        self._connected = connected
+        self._send = send
+        self._next_batch_id = 0
+        self._cancel_socket: zmq.Socket[Any] | None = None
+        self.cancel_address = ""
+
+    # cancel publisher ---------------------------------------------------------------------------------------------
+
+    def start_cancel_publisher(self, router_address: str) -> None:
+        """Bind the PUB socket that tells instances which requests of their batch were cancelled, next to the
+        worker socket (its address is ``cancel_address``, sent to each instance in its ``welcome``)."""
+        socket: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.PUB)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SNDHWM, 0)
+        if router_address.startswith("ipc://"):
+            socket.bind(router_address.rsplit("/", 1)[0] + "/cancel.sock")
+        else:
+            socket.bind(router_address.rsplit(":", 1)[0] + ":*")
+        self.cancel_address = socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._cancel_socket = socket
+
+    def cancel_running(self, request: InferenceRequest) -> None:
+        """A cancelled request that is in a running batch: tell its instance (it sees the request's cancel flag)."""
+        if request.batch_id in self.pending and self._cancel_socket is not None:
+            self._cancel_socket.send(pack_header({"b": request.batch_id, "i": [request.batch_index]}))
+
+    # batches ------------------------------------------------------------------------------------------------------
+
+    def dispatch(self, batch: list[InferenceRequest], instance: Instance) -> None:
+        """Send a batch to an idle instance (what a model's scheduler calls)."""
+        entry = batch[0].model
+        now = time.monotonic_ns()
+        self._next_batch_id += 1
+        batch_id = self._next_batch_id
+        writer = FrameWriter(self._pool, self._threshold)
+        blocks: list[Any] = []
+        head = batch[0]
+        if entry.batching:
+            rows = 0
+            for request in batch:
+                rows += request.rows
+            for name, tensor in head.inputs.items():
+                parts = [request.inputs[name].buffer() for request in batch]
+                nbytes = sum(memoryview(part).nbytes for part in parts)
+                loc = writer.add_parts(parts, nbytes)
+                blocks.append([name, tensor.datatype, [rows, *tensor.shape[1:]], loc, -1])
+        else:
+            rows = 1
+            for name, tensor in head.inputs.items():
+                loc = writer.add(tensor.buffer(), tensor.nbytes)
+                blocks.append([name, tensor.datatype, tensor.shape, loc, 0])
+        header = {
+            "t": "infer",
+            "b": batch_id,
+            "r": [[r.id, r.parameters, r.requested_outputs, r.rows] for r in batch],
+            "x": blocks,
+        }
+        for index, request in enumerate(batch):
+            request.batch_id = batch_id
+            request.batch_index = index
+        self.pending[batch_id] = PendingBatch(batch, instance, entry, writer.slots, rows, now)
+        instance.batch_id = batch_id
+        if self._tracing.active:
+            self._tracing.on_dispatch(batch, header)
+        self._send(instance.identity, header, writer.frames)
+
+    def on_result(self, header: dict[str, Any], frames: list[Any]) -> None:
+        """A ``res`` message: outputs (or the error) of a batch, final or one of a decoupled model's responses."""
+        batch_id = header["b"]
+        final = header["final"]
+        pending = self.pending.pop(batch_id, None) if final else self.pending.get(batch_id)
+        if pending is None:
+            return
+        entry = pending.entry
+        stats = entry.stats
+        now = time.monotonic_ns()
+        if final:
+            for name in pending.slots:
+                self._pool.release(name)
+            # Hand the instance its next batch before answering this one: the worker computes while we encode.
+            scheduler = entry.scheduler
+            if scheduler is not None and pending.instance.identity in self._connected:
+                scheduler.instance_done(pending.instance)
+        error = header.get("err")
+        if error is not None:
+            exc = error_from_kind(error[0], error[1])
+            stats.record_failed_execution()
+            decoupled = entry.spec.config.decoupled
+            for request in pending.requests:
+                stats.record_failure(CANCELED if request.cancelled else BACKEND, now - request.arrival_ns)
+                if decoupled:
+                    stats.record_response(request, "fail", header.get("rt"), now)
+                respond(request, InferenceResponse([], exc))
+        else:
+            per_request = header["o"]
+            # Outputs in the worker's slots stay valid until every holder of the response lets go of them.
+            slots = header["s"]
+            lease = BufferLease(partial(self._free_slots, pending.instance.identity, slots)) if slots else None
+            decoupled = entry.spec.config.decoupled
+            if per_request is not None:
+                reader = self._reader
+                for request, descriptors in zip(pending.requests, per_request, strict=True):
+                    if descriptors is None:
+                        continue
+                    if decoupled:
+                        stats.record_response(request, "success", header.get("rt"), now)
+                    outputs = [
+                        OutputTensor(name, datatype, shape, read_buffer(loc, frames, reader), _shm_location(loc))
+                        for name, datatype, shape, loc in descriptors
+                    ]
+                    respond(request, InferenceResponse(outputs, final=final, lease=lease))
+            elif final:
+                for request in pending.requests:
+                    if decoupled and not request.cancelled:
+                        stats.record_response(request, "empty", header.get("rt"), now)
+                    respond(request, InferenceResponse([], final=True))
+            if final:
+                timings = header["tm"]
+                stats.record_execution(pending.rows, len(pending.requests), timings[0], timings[1], timings[2])
+                stats.record_successes(pending.requests, pending.dispatched_ns, now, timings)
+            if lease is not None:
+                lease.drop()
+
+    def _free_slots(self, identity: bytes, slots: list[str]) -> None:
+        if identity in self._connected:
+            self._send(identity, {"t": "free", "slots": slots}, None)
+
+    # instances gone, shutdown -------------------------------------------------------------------------------------
+
+    def fail_on(self, instance: Instance, error: InferenceError) -> None:
+        """The instance went away: fail the requests of its batches (a failed execution of its model)."""
+        for batch_id, pending in list(self.pending.items()):
+            if pending.instance is instance:
+                del self.pending[batch_id]
+                for name in pending.slots:
+                    self._pool.release(name)
+                stats = pending.entry.stats
+                stats.record_failed_execution()
+                now = time.monotonic_ns()
+                for request in pending.requests:
+                    stats.record_failure(CANCELED if request.cancelled else OTHER, now - request.arrival_ns)
+                    fail(request, error)
+
+    def fail_all(self, error: InferenceError) -> None:
+        """Fail every request in flight (the server is shutting down)."""
+        for pending in list(self.pending.values()):
+            for request in pending.requests:
+                fail(request, error)
+        self.pending.clear()
+
+    def close(self) -> None:
+        """Close the cancel publisher."""
+        if self._cancel_socket is not None:
+            self._cancel_socket.close(linger=0)
+            self._cancel_socket = None
+
+
+def _shm_location(loc: Any) -> list[Any] | None:
+    # A location is a frame index, or [segment, nbytes] for bytes in a worker's shared-memory slot.
+    return None if isinstance(loc, int) else loc  # type: ignore[no-any-return]

@@ -1,0 +1,270 @@
+"""HTTP/1.1 connections on the core's asyncio loop: httptools parsing, pipelining, responses and streams.
+
+One ``HttpProtocol`` per connection parses requests with httptools and hands each complete one to its app
+(``RequestHandler``: the KServe routes of ``pyserve.frontends.http``, or the metrics page). Requests on one
+connection are answered in order (HTTP/1.1 pipelining is queued, not interleaved). What the app answers goes out
+through ``respond`` (or ``start_stream`` / ``write_chunk`` / ``end_stream`` for Server-Sent Events). No framework
+sits on this path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any, Protocol
+
+import httptools
+import orjson
+
+from pyserve.core.inference import InferenceRequest
+
+_REASONS = {
+    100: "Continue",
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    411: "Length Required",
+    413: "Payload Too Large",
+    415: "Unsupported Media Type",
+    499: "Client Closed Request",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+    503: "Service Unavailable",
+}
+# The default content type; compared by identity in respond(), so pass this object, not an equal literal.
+JSON = b"application/json"
+# After an error that ends a connection early (a body over the limit, malformed HTTP), how long what the client
+# still sends is read and dropped before the socket closes: closing with unread data makes the kernel reset the
+# connection, and a client still sending its body could then lose the error response.
+_LINGER_S = 2.0
+# A body this large is dropped as soon as its response is written, not kept by a keep-alive connection until its
+# next request. Smaller ones are left alone: freeing 1 MiB bodies early let glibc hand the memory back and fault
+# it in again, costing ~25 % of 1 MiB throughput at 16 connections.
+_LARGE_BODY_BYTES = 16 << 20
+
+
+class RequestHandler(Protocol):
+    """What a connection asks of its app."""
+
+    @property
+    def max_body(self) -> int:
+        """The largest request body accepted, in bytes (413 past it)."""
+        ...
+
+    def handle(self, conn: HttpProtocol, request: HttpRequest) -> None:
+        """Answer one complete request, now or later, with ``conn.respond`` (or a stream)."""
+        ...
+
+    def cancel(self, request: InferenceRequest) -> None:
+        """The connection closed while ``request`` (handed to ``conn.in_flight``) was being answered."""
+        ...
+
+
+class HttpRequest:
+    """One parsed HTTP request."""
+
+    __slots__ = ("body", "headers", "keep_alive", "method", "path", "too_large")
+
+    def __init__(self) -> None:
+        self.method = b""
+        self.path = b""
+        self.headers: dict[bytes, bytes] = {}
+        self.body: bytearray | bytes = b""
+        self.keep_alive = True
+        self.too_large = False
+
+
+class HttpProtocol(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, app: RequestHandler) -> None:
+        self.app = app
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.current = HttpRequest()
+        self.url = b""
+        self.backlog: deque[HttpRequest] = deque()
+        self.in_flight: InferenceRequest | None = None
+        self.busy = False
+        self.closed = False
+        self.linger: asyncio.TimerHandle | None = None
+
+    # asyncio callbacks ---------------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.linger is not None:
+            self.linger.cancel()
+            self.linger = None
+        if self.in_flight is not None:
+            self.app.cancel(self.in_flight)
+            self.in_flight = None
+        self.backlog.clear()
+        # The parser refers back to this protocol: the cycle lives until a garbage collection, the body need not.
+        self.current.body = b""
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return  # answered and closing: what the client still sends is dropped
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._send_error_and_close(400, "protocol upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            self._send_error_and_close(400, f"malformed HTTP request: {exc}")
+
+    # httptools callbacks -------------------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.current = HttpRequest()
+        self.url = b""
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.current.headers[name.lower()] = value
+
+    def on_headers_complete(self) -> None:
+        request = self.current
+        request.method = self.parser.get_method()
+        query = self.url.find(b"?")
+        request.path = self.url if query < 0 else self.url[:query]
+        length = request.headers.get(b"content-length")
+        expects_continue = request.headers.get(b"expect", b"").lower() == b"100-continue"
+        if length is not None and length.isdigit() and int(length) > self.app.max_body:
+            # Refuse now rather than after receiving (and dropping) the whole body; a client that waits for
+            # 100 Continue holds the body back and hears 413 instead.
+            request.too_large = True
+            self._send_error_and_close(413, f"request body exceeds the limit of {self.app.max_body} bytes")
+        elif expects_continue and self.transport is not None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        request = self.current
+        if request.too_large:
+            return
+        if not request.body:
+            request.body = body
+        else:
+            if isinstance(request.body, bytes):
+                request.body = bytearray(request.body)
+            request.body += body
+        # Chunked bodies carry no Content-Length: the limit is enforced here, on the first chunk too.
+        if len(request.body) > self.app.max_body:
+            request.too_large = True
+            request.body = b""
+
+    def on_message_complete(self) -> None:
+        if self.closed:
+            return  # refused while the headers were read (the parser goes on to the end of the chunk)
+        request = self.current
+        request.keep_alive = self.parser.should_keep_alive()
+        if self.busy:
+            self.backlog.append(request)
+        else:
+            self.busy = True
+            self.app.handle(self, request)
+
+    # responses -----------------------------------------------------------------------------------------------
+
+    def respond(
+        self,
+        request: HttpRequest,
+        status: int,
+        body: bytes | list[Any] = b"",
+        content_type: bytes = JSON,
+        extra_headers: bytes = b"",
+    ) -> None:
+        """Write one response, then start the next pipelined request."""
+        self.in_flight = None
+        transport = self.transport
+        if self.closed or transport is None:
+            return
+        length = sum(memoryview(part).nbytes for part in body) if isinstance(body, list) else len(body)
+        head = b"HTTP/1.1 %d %s\r\ncontent-length: %d\r\n" % (status, _REASONS.get(status, "").encode(), length)
+        if length or content_type is not JSON:
+            head += b"content-type: " + content_type + b"\r\n"
+        if not request.keep_alive:
+            head += b"connection: close\r\n"
+        head += extra_headers + b"\r\n"
+        if isinstance(body, list):
+            transport.write(b"".join([head, *body]))
+        else:
+            transport.write(head + body if body else head)
+        self._finish(request, transport)
+
+    def start_stream(self, request: HttpRequest, status: int, content_type: bytes) -> None:
+        """Send the head of a chunked response (Server-Sent Events); chunks follow with write_chunk()."""
+        transport = self.transport
+        if self.closed or transport is None:
+            return
+        head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ntransfer-encoding: chunked\r\ncache-control: no-cache\r\n" % (
+            status,
+            _REASONS.get(status, "").encode(),
+            content_type,
+        )
+        if not request.keep_alive:
+            head += b"connection: close\r\n"
+        transport.write(head + b"\r\n")
+
+    def write_chunk(self, data: bytes) -> None:
+        """One chunk of a streamed response."""
+        if data and not self.closed and self.transport is not None:
+            self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def end_stream(self, request: HttpRequest) -> None:
+        """Close a streamed response, then start the next pipelined request."""
+        self.in_flight = None
+        transport = self.transport
+        if self.closed or transport is None:
+            return
+        transport.write(b"0\r\n\r\n")
+        self._finish(request, transport)
+
+    def _finish(self, request: HttpRequest, transport: asyncio.Transport) -> None:
+        if len(request.body) >= _LARGE_BODY_BYTES:
+            request.body = b""
+        if not request.keep_alive:
+            transport.close()
+            self.closed = True
+            return
+        if self.backlog:
+            self.app.handle(self, self.backlog.popleft())
+        else:
+            self.busy = False
+
+    def respond_error(self, request: HttpRequest, status: int, message: str) -> None:
+        """Triton's error shape: ``{"error": "..."}``."""
+        self.respond(request, status, orjson.dumps({"error": message}))
+
+    def _send_error_and_close(self, status: int, message: str) -> None:
+        """Answer an error that ends the connection: half-close at once, close fully once the client has closed
+        its side or after _LINGER_S, reading and dropping what it still sends meanwhile."""
+        transport = self.transport
+        if transport is not None and not self.closed:
+            body = orjson.dumps({"error": message})
+            transport.write(
+                b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+                % (status, _REASONS.get(status, "").encode(), len(body))
+                + body
+            )
+            if transport.can_write_eof():
+                transport.write_eof()
+                self.linger = asyncio.get_running_loop().call_later(_LINGER_S, transport.close)
+            else:
+                transport.close()
+        self.closed = True
+
+
+async def listen(app: RequestHandler, host: str, port: int, backlog: int) -> tuple[asyncio.base_events.Server, int]:
+    """Serve ``app`` over HTTP on host:port (0 picks a free port); returns the server and the bound port."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: HttpProtocol(app), host=host, port=port, reuse_address=True, backlog=backlog
+    )
+    return server, server.sockets[0].getsockname()[1]
