@@ -12,6 +12,7 @@ A request of a running batch that is cancelled is told to the instance through t
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from pyserve.core.request_flow import fail, respond
 from pyserve.core.stats import BACKEND, CANCELED, OTHER
 from pyserve.core.tracing import Tracing
 from pyserve.errors import InferenceError, error_from_kind
-from pyserve.transport.messages import FrameWriter, pack_header, read_buffer
+from pyserve.transport.messages import CANCEL_SYNC, FrameWriter, pack_header, read_buffer
 from pyserve.transport.shm import ShmPool, ShmReader
 
 Send = Callable[[bytes, dict[str, Any], "list[Any] | None"], None]
@@ -70,22 +71,41 @@ class BatchesInFlight:
         self._send = send
         self._next_batch_id = 0
         self._cancel_socket: zmq.Socket[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.cancel_address = ""
 
     # cancel publisher ---------------------------------------------------------------------------------------------
 
-    def start_cancel_publisher(self, router_address: str) -> None:
-        """Bind the PUB socket that tells instances which requests of their batch were cancelled, next to the
-        worker socket (its address is ``cancel_address``, sent to each instance in its ``welcome``)."""
-        socket: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.PUB)
+    def start_cancel_publisher(self, router_address: str, loop: asyncio.AbstractEventLoop) -> None:
+        """Bind the socket that tells instances which requests of their batch were cancelled, next to the worker
+        socket (its address is ``cancel_address``, sent to each instance in its ``welcome``).
+
+        It is an XPUB socket: each new subscription is answered with a sync message, which tells the subscriber
+        that it is connected and will hear every cancel from now on (a plain PUB drops what it publishes before a
+        subscription arrives, so a request cancelled just after its instance started could go unnoticed).
+        """
+        socket: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.XPUB)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, 0)
+        socket.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription is seen, not only a topic's first
         if router_address.startswith("ipc://"):
             socket.bind(router_address.rsplit("/", 1)[0] + "/cancel.sock")
         else:
             socket.bind(router_address.rsplit(":", 1)[0] + ":*")
         self.cancel_address = socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self._cancel_socket = socket
+        self._loop = loop
+        loop.add_reader(socket.fileno(), self._on_subscriptions)
+
+    def _on_subscriptions(self) -> None:
+        socket = self._cancel_socket
+        if socket is None:
+            return
+        # Edge-triggered like every ZeroMQ FD: read until EVENTS says nothing is left.
+        while int(socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            event = socket.recv(zmq.NOBLOCK)
+            if event[:1] == b"\x01":
+                socket.send(CANCEL_SYNC)
 
     def cancel_running(self, request: InferenceRequest) -> None:
         """A cancelled request that is in a running batch: tell its instance (it sees the request's cancel flag)."""
@@ -219,6 +239,8 @@ class BatchesInFlight:
     def close(self) -> None:
         """Close the cancel publisher."""
         if self._cancel_socket is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(self._cancel_socket.fileno())
             self._cancel_socket.close(linger=0)
             self._cancel_socket = None
 

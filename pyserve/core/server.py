@@ -135,7 +135,7 @@ class CoreServer:
         self.router_address = socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self._socket = socket
         self._loop.add_reader(socket.fileno(), self._drain)
-        self.batches.start_cancel_publisher(self.router_address)
+        self.batches.start_cancel_publisher(self.router_address, self._loop)
         self.workers.start(self.router_address, self._loop)
 
     async def wait_stopped(self) -> None:

@@ -30,6 +30,10 @@ def unpack_header(frame: Any) -> dict[str, Any]:
     return msgpack.unpackb(frame, raw=False)  # type: ignore[no-any-return]
 
 
+# The cancel publisher's answer to a new subscription: the subscriber hears every cancel published after it.
+CANCEL_SYNC = msgpack.packb({"sync": True})
+
+
 class FrameWriter:
     """Collects the buffers of one outgoing message, inline or through the sender's shared-memory pool."""
 

@@ -1,9 +1,11 @@
 """Cancellation flags of running requests, set from the core while the infer function runs.
 
-The core publishes ``{"b": batch_id, "i": [request indexes]}`` on a PUB socket; one listener thread per worker
-process (shared by its instances) subscribes and sets the ``threading.Event`` each running request carries as
-``Request.is_cancelled``. A separate thread is needed because an instance's own socket is not read while its
-function runs.
+A separate thread is needed because an instance's own socket is not read while its function runs. The core
+publishes ``{"b": batch_id, "i": [request indexes]}`` on an XPUB socket; one listener thread per worker process
+(shared by its instances) subscribes and sets the ``threading.Event`` each running request carries as
+``Request.is_cancelled``. The core answers each subscription with a sync message: an instance reports ready only
+once its listener heard it, so no cancel is published before the subscription is in place (ZeroMQ drops what a
+publisher sends to a subscriber whose subscription has not arrived yet).
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from pyserve.transport.messages import unpack_header
 
 logger = logging.getLogger(__name__)
 
+# How long an instance waits for its listener's subscription to be confirmed before it reports ready anyway.
+SYNC_TIMEOUT_S = 10.0
+
 
 class CancelListener:
     """Sets the cancel flags of registered batches when the core says so."""
@@ -28,6 +33,7 @@ class CancelListener:
         self._lock = threading.Lock()
         self._batches: dict[int, list[threading.Event]] = {}
         self._stop = threading.Event()
+        self.synced = threading.Event()
         # The thread sleeps on its socket and this pipe; close() closes the write end to wake it.
         self._wake_read, self._wake_write = os.pipe()
         self._thread = threading.Thread(target=self._run, name="pyserve-cancel", daemon=True)
@@ -64,6 +70,9 @@ class CancelListener:
                 if dict(poller.poll()).get(self._wake_read):
                     return
                 message = unpack_header(socket.recv())
+                if message.get("sync"):
+                    self.synced.set()
+                    continue
                 with self._lock:
                     flags = self._batches.get(message["b"])
                     if flags is not None:
@@ -88,7 +97,14 @@ def acquire_listener(address: str) -> CancelListener:
         if listener is None:
             listener = CancelListener(address)
         _listeners[address] = (listener, users + 1)
-        return listener
+    if not listener.synced.wait(SYNC_TIMEOUT_S):
+        logger.warning(
+            "the cancel listener for %s was not confirmed within %.0f s: a running request's cancellation may be "
+            "missed",
+            address,
+            SYNC_TIMEOUT_S,
+        )
+    return listener
 
 
 def release_listener(address: str) -> None:

@@ -230,6 +230,18 @@ def test_a_running_request_sees_its_client_go_away() -> None:
         assert observed_cancel.wait(5), "the running function never saw Request.is_cancelled"
 
 
+def test_an_instance_is_ready_only_once_its_cancel_subscription_is_in_place() -> None:
+    # A cancel published before the subscription reached the core would be lost (it flaked under CPU load): the
+    # core confirms each subscription, and bind() returns only after the instance's listener heard it.
+    from pyserve.worker.cancel import _listeners
+
+    with Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0)) as serve:
+        serve.bind("subscribed", wait_for_cancel, FP32_IN, [Tensor("OUTPUT0", np.float32, (-1,))])
+        listeners = [listener for listener, _ in _listeners.values()]
+        assert listeners, "the instance started no cancel listener"
+        assert all(listener.synced.is_set() for listener in listeners)
+
+
 class SlowToLoad(WhereAmI):
     def setup(self, device: str) -> None:
         time.sleep(1.5)
