@@ -299,6 +299,10 @@ class ServeConfig:
     Errors (docs/binding.md): when a model function raises, the server logs the traceback and the client gets the
     exception's type and message; ``debug_errors`` (``PYSERVE_DEBUG_ERRORS=1``) sends the traceback too, which
     shows the server's file paths and source lines, so keep it off where clients are not trusted.
+
+    Latency (docs/architecture.md): after sending a batch to an instance, the core polls for its reply for up to
+    ``reply_spin_us`` microseconds before sleeping (only while batches are in flight: an idle server does not spin);
+    0 turns it off, trading some latency at low concurrency for less CPU.
     """
 
     host: str = "127.0.0.1"
@@ -320,6 +324,7 @@ class ServeConfig:
     trace_file: str = ""
     log_format: str = "default"
     debug_errors: bool = False
+    reply_spin_us: int = 400
 
     def __post_init__(self) -> None:
         if self.transport not in ("ipc", "tcp"):
@@ -336,6 +341,8 @@ class ServeConfig:
             raise ConfigError(f"trace_level must be 'OFF' or 'TIMESTAMPS', got {self.trace_level!r}")
         if self.trace_rate < 1:
             raise ConfigError(f"trace_rate must be >= 1, got {self.trace_rate}")
+        if self.reply_spin_us < 0:
+            raise ConfigError(f"reply_spin_us must be >= 0, got {self.reply_spin_us}")
         if self.log_format not in ("default", "ISO8601", "json"):
             raise ConfigError(f"log_format must be 'default', 'ISO8601' or 'json', got {self.log_format!r}")
 

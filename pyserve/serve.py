@@ -34,6 +34,7 @@ from pyserve.core.supervisor import open_pidfd
 from pyserve.ensemble import EnsembleSpec, Step, check_models, spec_lookup
 from pyserve.errors import ConfigError, ModelAlreadyBoundError, ServerError
 from pyserve.transport.messages import pack_header, unpack_header
+from pyserve.transport.protocol import ControlReply, Header, Load, LoadEnsemble, Serving, kind_of
 from pyserve.transport.shm import remove_segments
 from pyserve.worker.instance import InstanceRunner
 
@@ -145,7 +146,7 @@ class Serve:
         for key, ensemble in list(self._ensembles.items()):
             if key not in self._loaded_ensembles:
                 self._load_ensemble(ensemble)
-        self._request({"t": "serving"})
+        self._request(Serving.build)
         if not self._announced and (self._models or self._ensembles):
             # Once per start, with models to call: the Quickstart starts the core (`with Serve()`) before it binds,
             # and announces when serve() runs this again.
@@ -354,34 +355,35 @@ class Serve:
             raise ServerError(ready["error"])
         return ready
 
-    def _request(self, message: dict[str, Any], timeout_s: float = _CONTROL_TIMEOUT_S) -> dict[str, Any]:
+    def _request(self, build: Callable[[int], Header], timeout_s: float = _CONTROL_TIMEOUT_S) -> ControlReply:
+        """Send the control request ``build(request_id)`` makes; wait for the core's reply to it."""
         assert self._control is not None
         with self._control_lock:
-            rid = next(self._request_ids)
-            message["rid"] = rid
+            request_id = next(self._request_ids)
+            message = build(request_id)
             self._control.send(pack_header(message))
             deadline = time.monotonic() + timeout_s
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self._control.poll(int(remaining * 1000)):
-                    raise ServerError(f"the core process did not answer {message['t']!r} in time")
-                reply = unpack_header(self._control.recv())
-                if reply.get("rid") == rid:
+                    raise ServerError(f"the core process did not answer {kind_of(message)!r} in time")
+                reply = ControlReply(unpack_header(self._control.recv()))
+                if reply.request_id == request_id:
                     return reply
 
     def _load(self, bound: _BoundModel) -> None:
         spec = bound.spec
         if bound.payload is not None:
             # Process instances: the core spawns and supervises them; it answers once all are connected.
-            message = {"t": "load", "spec": spec.to_wire(), "payload": bound.payload}
-            reply = self._request(message, self.config.model_load_timeout_s)
-            if reply["t"] == "error":
-                raise ServerError(reply["message"])
+            payload = bound.payload
+            reply = self._request(lambda rid: Load.build(spec, rid, payload), self.config.model_load_timeout_s)
+            if reply.error is not None:
+                raise ServerError(reply.error)
             bound.loaded = True
             return
-        reply = self._request({"t": "load", "spec": spec.to_wire()})
-        if reply["t"] == "error":
-            raise ConfigError(reply["message"])
+        reply = self._request(lambda request_id: Load.build(spec, request_id))
+        if reply.error is not None:
+            raise ConfigError(reply.error)
         devices = spec.config.devices
         ready: list[str | None] = []
         events: list[threading.Event] = []
@@ -429,9 +431,9 @@ class Serve:
 
     def _load_ensemble(self, ensemble: EnsembleSpec) -> None:
         # The core checks the ensemble again, against the models it serves, before serving it.
-        reply = self._request({"t": "load_ensemble", "spec": ensemble.to_wire()})
-        if reply["t"] == "error":
-            raise ConfigError(reply["message"])
+        reply = self._request(lambda request_id: LoadEnsemble.build(ensemble.to_wire(), request_id))
+        if reply.error is not None:
+            raise ConfigError(reply.error)
         self._loaded_ensembles.add((ensemble.name, ensemble.version))
 
 

@@ -25,11 +25,12 @@ from pyserve.core.inference import BufferLease, InferenceRequest, InferenceRespo
 from pyserve.core.request_flow import fail, respond
 from pyserve.core.stats import BACKEND, CANCELED, OTHER
 from pyserve.core.tracing import Tracing
-from pyserve.errors import InferenceError, error_from_kind
-from pyserve.transport.messages import CANCEL_SYNC, FrameWriter, pack_header, read_buffer
+from pyserve.errors import InferenceError
+from pyserve.transport.messages import FrameWriter, pack_header, read_buffer
+from pyserve.transport.protocol import MERGED, BatchResult, CancelNotice, FreeSlots, Header, InferBatch
 from pyserve.transport.shm import ShmPool, ShmReader
 
-Send = Callable[[bytes, dict[str, Any], "list[Any] | None"], None]
+Send = Callable[[bytes, Header, "list[Any] | None"], None]
 
 
 @dataclass(slots=True, eq=False)
@@ -105,12 +106,12 @@ class BatchesInFlight:
         while int(socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             event = socket.recv(zmq.NOBLOCK)
             if event[:1] == b"\x01":
-                socket.send(CANCEL_SYNC)
+                socket.send(pack_header(CancelNotice.build_sync()))
 
     def cancel_running(self, request: InferenceRequest) -> None:
         """A cancelled request that is in a running batch: tell its instance (it sees the request's cancel flag)."""
         if request.batch_id in self.pending and self._cancel_socket is not None:
-            self._cancel_socket.send(pack_header({"b": request.batch_id, "i": [request.batch_index]}))
+            self._cancel_socket.send(pack_header(CancelNotice.build(request.batch_id, [request.batch_index])))
 
     # batches ------------------------------------------------------------------------------------------------------
 
@@ -131,31 +132,26 @@ class BatchesInFlight:
                 parts = [request.inputs[name].buffer() for request in batch]
                 nbytes = sum(memoryview(part).nbytes for part in parts)
                 loc = writer.add_parts(parts, nbytes)
-                blocks.append([name, tensor.datatype, [rows, *tensor.shape[1:]], loc, -1])
+                blocks.append([name, tensor.datatype, [rows, *tensor.shape[1:]], loc, MERGED])
         else:
             rows = 1
             for name, tensor in head.inputs.items():
                 loc = writer.add(tensor.buffer(), tensor.nbytes)
                 blocks.append([name, tensor.datatype, tensor.shape, loc, 0])
-        header = {
-            "t": "infer",
-            "b": batch_id,
-            "r": [[r.id, r.parameters, r.requested_outputs, r.rows] for r in batch],
-            "x": blocks,
-        }
+        trace = self._tracing.on_dispatch(batch) if self._tracing.active else None
+        requests = [[r.id, r.parameters, r.requested_outputs, r.rows] for r in batch]
+        header = InferBatch.build(batch_id, requests, blocks, trace)
         for index, request in enumerate(batch):
             request.batch_id = batch_id
             request.batch_index = index
         self.pending[batch_id] = PendingBatch(batch, instance, entry, writer.slots, rows, now)
         instance.batch_id = batch_id
-        if self._tracing.active:
-            self._tracing.on_dispatch(batch, header)
         self._send(instance.identity, header, writer.frames)
 
-    def on_result(self, header: dict[str, Any], frames: list[Any]) -> None:
+    def on_result(self, result: BatchResult, frames: list[Any]) -> None:
         """A ``res`` message: outputs (or the error) of a batch, final or one of a decoupled model's responses."""
-        batch_id = header["b"]
-        final = header["final"]
+        batch_id = result.batch_id
+        final = result.final
         pending = self.pending.pop(batch_id, None) if final else self.pending.get(batch_id)
         if pending is None:
             return
@@ -169,29 +165,30 @@ class BatchesInFlight:
             scheduler = entry.scheduler
             if scheduler is not None and pending.instance.identity in self._connected:
                 scheduler.instance_done(pending.instance)
-        error = header.get("err")
+        error = result.error
         if error is not None:
-            exc = error_from_kind(error[0], error[1])
             stats.record_failed_execution()
             decoupled = entry.spec.config.decoupled
+            response_timings = result.response_timings
             for request in pending.requests:
                 stats.record_failure(CANCELED if request.cancelled else BACKEND, now - request.arrival_ns)
                 if decoupled:
-                    stats.record_response(request, "fail", header.get("rt"), now)
-                respond(request, InferenceResponse([], exc))
+                    stats.record_response(request, "fail", response_timings, now)
+                respond(request, InferenceResponse([], error))
         else:
-            per_request = header["o"]
+            per_request = result.outputs
             # Outputs in the worker's slots stay valid until every holder of the response lets go of them.
-            slots = header["s"]
+            slots = result.slots
             lease = BufferLease(partial(self._free_slots, pending.instance.identity, slots)) if slots else None
             decoupled = entry.spec.config.decoupled
+            response_timings = result.response_timings if decoupled else None
             if per_request is not None:
                 reader = self._reader
                 for request, descriptors in zip(pending.requests, per_request, strict=True):
                     if descriptors is None:
                         continue
                     if decoupled:
-                        stats.record_response(request, "success", header.get("rt"), now)
+                        stats.record_response(request, "success", response_timings, now)
                     outputs = [
                         OutputTensor(name, datatype, shape, read_buffer(loc, frames, reader), _shm_location(loc))
                         for name, datatype, shape, loc in descriptors
@@ -200,10 +197,10 @@ class BatchesInFlight:
             elif final:
                 for request in pending.requests:
                     if decoupled and not request.cancelled:
-                        stats.record_response(request, "empty", header.get("rt"), now)
+                        stats.record_response(request, "empty", response_timings, now)
                     respond(request, InferenceResponse([], final=True))
             if final:
-                timings = header["tm"]
+                timings = result.timings
                 stats.record_execution(pending.rows, len(pending.requests), timings[0], timings[1], timings[2])
                 stats.record_successes(pending.requests, pending.dispatched_ns, now, timings)
             if lease is not None:
@@ -211,7 +208,7 @@ class BatchesInFlight:
 
     def _free_slots(self, identity: bytes, slots: list[str]) -> None:
         if identity in self._connected:
-            self._send(identity, {"t": "free", "slots": slots}, None)
+            self._send(identity, FreeSlots.build(slots), None)
 
     # instances gone, shutdown -------------------------------------------------------------------------------------
 

@@ -1,12 +1,11 @@
 """BLS in the core: requests that model functions make to other models, over their instance's own socket.
 
-A worker sends ``{"t": "bls", "c": call id, "model", "version", "x": inputs, "p": parameters, "o": outputs,
-"stream", "tu": timeout µs}`` (tensors inline or in its pool, like a result); the broker validates it as a front end
+A worker sends a ``BlsRequest`` (``pyserve.transport.protocol``: the model, its inputs inline or in the worker's pool
+like a result, parameters, outputs, whether it streams, its own timeout); the broker validates it as a front end
 would, builds an ordinary request and submits it, so it is scheduled and batched with the model's other traffic.
-Each response goes back to the caller as ``{"t": "bls_res", "c", "o", "final"}`` or ``{..., "err": [kind,
-message]}``. Outputs that sit in a worker's shared-memory slot travel as their location: the broker retains the
-response and the caller answers ``{"t": "bls_free", "l": token}`` once it has copied them. ``bls_cancel`` withdraws
-a call the caller no longer waits for.
+Each response goes back to the caller as a ``BlsResponse``: outputs, or the error. Outputs that sit in a worker's
+shared-memory slot travel as their location: the broker retains the response under a lease, which the caller hands
+back with ``BlsFree`` once it has copied them. ``BlsCancel`` withdraws a call the caller no longer waits for.
 
 Deadlines: a call gets what is left of the deadline of the batch its caller is running (see ``deadline``), or the
 caller's own ``timeout`` if shorter; when it passes, the caller hears ``RequestTimeoutError`` and the call is
@@ -41,12 +40,21 @@ from pyserve.errors import (
     InvalidInputError,
     RequestTimeoutError,
     UnsupportedError,
-    error_kind,
 )
 from pyserve.transport.messages import read_buffer
+from pyserve.transport.protocol import (
+    BlsCancel,
+    BlsFree,
+    BlsRequest,
+    BlsResponse,
+    Header,
+    MessageKind,
+    TensorDescriptor,
+    kind_of,
+)
 from pyserve.transport.shm import ShmReader
 
-Send = Callable[[bytes, dict[str, Any], "list[Any] | None"], None]
+Send = Callable[[bytes, Header, "list[Any] | None"], None]
 Submit = Callable[[InferenceRequest], None]
 CallLater = Callable[[float, Callable[[], None]], Any]
 
@@ -103,17 +111,17 @@ class BlsBroker:
         """Calls in flight."""
         return len(self._calls)
 
-    def on_message(self, identity: bytes, header: dict[str, Any], frames: list[Any]) -> None:
+    def on_message(self, identity: bytes, header: Header, frames: list[Any]) -> None:
         """A ``bls``, ``bls_cancel`` or ``bls_free`` message from an instance."""
-        kind = header["t"]
-        if kind == "bls":
-            self._on_call(identity, header, frames)
-        elif kind == "bls_cancel":
-            call = self._calls.get((identity, header["c"]))
+        kind = kind_of(header)
+        if kind == MessageKind.BLS_REQUEST:
+            self._on_call(identity, BlsRequest(header), frames)
+        elif kind == MessageKind.BLS_CANCEL:
+            call = self._calls.get((identity, BlsCancel(header).call_id))
             if call is not None:
                 self._withdraw(call)
-        elif kind == "bls_free":
-            release = self._leases.pop((identity, header["l"]), None)
+        elif kind == MessageKind.BLS_FREE:
+            release = self._leases.pop((identity, BlsFree(header).lease), None)
             if release is not None:
                 release()
 
@@ -126,34 +134,35 @@ class BlsBroker:
 
     # calls ------------------------------------------------------------------------------------------------------
 
-    def _on_call(self, identity: bytes, header: dict[str, Any], frames: list[Any]) -> None:
+    def _on_call(self, identity: bytes, message: BlsRequest, frames: list[Any]) -> None:
         known = self._instances.get(identity)
         if known is None:
             return  # not a connected instance
         caller, caller_entry, _ = known
-        call = _Call(identity, header["c"], caller, caller_entry.name)
+        call = _Call(identity, message.call_id, caller, caller_entry.name)
         now = time.monotonic_ns()
         try:
-            entry = self._registry.get(header["model"], header.get("version"))
-            if entry.spec.config.decoupled and not header.get("stream"):
+            entry = self._registry.get(message.model, message.version)
+            if entry.spec.config.decoupled and not message.stream:
                 raise UnsupportedError(
                     f"model '{entry.name}' is decoupled (streaming): call it with pyserve.infer_stream()"
                 )
-            inputs = self._inputs(header["x"], frames)
-            parameters = header.get("p") or {}
+            inputs = self._inputs(message.inputs, frames)
+            parameters = message.parameters
             check_parameter_names(parameters)
-            requested = list(header.get("o") or ())
+            requested = message.outputs
             entry.validate(inputs, requested)
             batch = self._batches.get(caller.batch_id)
             outer = batch_deadline_ns(batch.requests) if batch is not None else 0
-            own = now + int(header["tu"]) * 1000 if header.get("tu") else 0
+            timeout_us = message.timeout_us
+            own = now + timeout_us * 1000 if timeout_us else 0
             deadline = earliest(outer, own)
             if deadline and deadline <= now:
                 raise RequestTimeoutError(
                     f"BLS call to model '{entry.name}': the deadline of the request that made it has passed"
                 )
             request = build_request(
-                entry, InferCall(header.get("id", ""), inputs, parameters, requested), partial(self._on_response, call)
+                entry, InferCall(message.request_id, inputs, parameters, requested), partial(self._on_response, call)
             )
         except InferenceError as exc:
             self._send_error(call, exc)
@@ -184,7 +193,7 @@ class BlsBroker:
             call_later = self._call_later or asyncio.get_running_loop().call_later
             call.timer = call_later(max(deadline - now, 0) / 1e9, partial(self._on_deadline, call))
 
-    def _inputs(self, descriptors: list[Any], frames: list[Any]) -> dict[str, InputTensor]:
+    def _inputs(self, descriptors: list[TensorDescriptor], frames: list[Any]) -> dict[str, InputTensor]:
         inputs: dict[str, InputTensor] = {}
         for name, datatype, shape, loc in descriptors:
             if name in inputs:
@@ -204,7 +213,7 @@ class BlsBroker:
             return
         if call.identity not in self._instances:
             return
-        descriptors: list[Any] = []
+        descriptors: list[TensorDescriptor] = []
         frames: list[Any] = []
         in_shm = False
         for output in response.outputs:
@@ -215,13 +224,13 @@ class BlsBroker:
                 frames.append(output.buffer)
                 loc = len(frames) - 1
             descriptors.append([output.name, output.datatype, output.shape, loc])
-        header: dict[str, Any] = {"t": "bls_res", "c": call.call_id, "o": descriptors, "final": response.final}
+        lease = None
         if in_shm:
             # The caller reads the slots in place and frees them with bls_free once it has its copy.
             self._next_lease += 1
-            self._leases[(call.identity, self._next_lease)] = response.retain()
-            header["l"] = self._next_lease
-        self._send(call.identity, header, frames)
+            lease = self._next_lease
+            self._leases[(call.identity, lease)] = response.retain()
+        self._send(call.identity, BlsResponse.build(call.call_id, descriptors, response.final, lease), frames)
 
     def _on_deadline(self, call: _Call) -> None:
         call.timer = None
@@ -253,8 +262,7 @@ class BlsBroker:
 
     def _send_error(self, call: _Call, error: InferenceError) -> None:
         if call.identity in self._instances:
-            header = {"t": "bls_res", "c": call.call_id, "final": True, "err": [error_kind(error), str(error)]}
-            self._send(call.identity, header, None)
+            self._send(call.identity, BlsResponse.build_error(call.call_id, error), None)
 
     # deadlocks --------------------------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import shutil
+import time
 from typing import Any
 
 import zmq
@@ -40,6 +41,7 @@ from pyserve.core.tracing import Tracing
 from pyserve.core.worker_control import WorkerControl
 from pyserve.errors import ModelNotReadyError
 from pyserve.transport.messages import pack_header, unpack_header
+from pyserve.transport.protocol import BatchResult, ControlReply, Header, MessageKind, Shutdown, kind_of
 from pyserve.transport.shm import ShmPool, ShmReader, remove_segments
 
 logger = logging.getLogger(__name__)
@@ -47,6 +49,9 @@ logger = logging.getLogger(__name__)
 # The core watches its parent through a pidfd rather than PR_SET_PDEATHSIG, which fires when the spawning *thread*
 # exits; where there are no pidfds it looks at its parent pid this often.
 _PARENT_CHECK_S = 0.5
+
+# The messages the BLS broker owns.
+_BLS_KINDS = frozenset({MessageKind.BLS_REQUEST, MessageKind.BLS_CANCEL, MessageKind.BLS_FREE})
 
 
 class CoreServer:
@@ -63,6 +68,11 @@ class CoreServer:
         self.parent_pid = parent_pid
         self.registry = Registry()
         self._socket: zmq.Socket[Any] | None = None
+        # After a batch is sent, the loop polls the worker socket for up to reply_spin_us instead of sleeping
+        # until ZeroMQ's eventfd wakes it: the reply of a short batch is picked up one thread wake-up sooner.
+        self._spin_ns = config.reply_spin_us * 1000
+        self._spin_until_ns = 0
+        self._spinning = False
         self._stopping: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool = ShmPool(f"{shm_prefix}-core", config.shm_pool_bytes)
@@ -207,7 +217,9 @@ class CoreServer:
         socket = self._socket
         if socket is None:
             return
+        received = False
         while int(socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            received = True
             frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
             identity = frames[0].bytes
             try:
@@ -215,24 +227,42 @@ class CoreServer:
                 self._on_message(identity, header, frames[2:])
             except Exception:
                 logger.exception("error handling a message from a worker")
+        if (
+            not received
+            and not self._spinning
+            and self.batches.pending
+            and self._spin_ns
+            and time.monotonic_ns() < self._spin_until_ns
+        ):
+            # A ready callback makes the loop's next epoll return at once: HTTP and gRPC are still served while
+            # the loop spins, and it sleeps again once the reply came or the spin budget is spent.
+            self._spinning = True
+            assert self._loop is not None
+            self._loop.call_soon(self._spin)
 
-    def _send(self, identity: bytes, header: dict[str, Any], frames: list[Any] | None = None) -> None:
+    def _spin(self) -> None:
+        self._spinning = False
+        self._drain()
+
+    def _send(self, identity: bytes, header: Header, frames: list[Any] | None = None) -> None:
         assert self._socket is not None and self._loop is not None
         try:
             self._socket.send_multipart([identity, pack_header(header), *(frames or ())], copy=False)
         except zmq.ZMQError as exc:
             logger.warning("could not send to worker %r: %s", identity, exc)
         # Sending can consume the edge that announced pending input: look again soon.
+        if self._spin_ns:
+            self._spin_until_ns = time.monotonic_ns() + self._spin_ns
         self._loop.call_soon(self._drain)
 
-    def _on_message(self, identity: bytes, header: dict[str, Any], frames: list[Any]) -> None:
-        kind = header["t"]
-        if kind == "res":
-            self._on_result(header, frames)
-        elif kind in ("bls", "bls_cancel", "bls_free"):
+    def _on_message(self, identity: bytes, header: Header, frames: list[Any]) -> None:
+        kind = kind_of(header)
+        if kind == MessageKind.RESULT:
+            self._on_result(BatchResult(header), frames)
+        elif kind in _BLS_KINDS:
             self._on_bls(identity, header, frames)
-        elif kind == "shutdown":
-            self._send(identity, {"t": "ok", "rid": header.get("rid")})
+        elif kind == MessageKind.SHUTDOWN:
+            self._send(identity, ControlReply.build_ok(Shutdown(header).request_id))
             self.stop()
         else:
             handler = self._control.get(kind)

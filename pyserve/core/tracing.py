@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyserve.errors import InferenceError, InvalidInputError, UnsupportedError
 from pyserve.telemetry.spans import make_tracer_provider, parent_context, traceparent_of
+from pyserve.transport.protocol import TraceContext
 
 if TYPE_CHECKING:
     from pyserve.config import ServeConfig
@@ -243,8 +244,9 @@ class Tracing:
             state.request.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         state.request.end()
 
-    def on_dispatch(self, batch: list[InferenceRequest], header: dict[str, Any]) -> None:
-        """End the queue spans of a batch's traced requests and hand their context to the worker."""
+    def on_dispatch(self, batch: list[InferenceRequest]) -> TraceContext | None:
+        """End the queue spans of a batch's traced requests; the context to hand the worker, None if none is
+        traced."""
         contexts: list[str | None] = []
         traced = False
         for request in batch:
@@ -257,8 +259,7 @@ class Tracing:
                 state.queue.end()
                 state.queue = None
             contexts.append(traceparent_of(state.request))
-        if traced:
-            header["tc"] = {"file": self.trace_file, "parents": contexts}
+        return TraceContext(self.trace_file, contexts) if traced else None
 
 
 def child_traceparent(request: InferenceRequest) -> str:

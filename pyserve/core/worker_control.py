@@ -18,9 +18,8 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from typing import Any
 
-from pyserve.config import ModelSpec, ServeConfig, WorkerKind
+from pyserve.config import ServeConfig, WorkerKind
 from pyserve.core.batches import BatchesInFlight, Send
 from pyserve.core.bls_broker import BlsBroker
 from pyserve.core.ensemble_executor import load_ensemble
@@ -31,12 +30,25 @@ from pyserve.core.request_flow import deliver, fail, reject
 from pyserve.core.response_orderer import ResponseOrderer
 from pyserve.core.scheduler import ModelScheduler
 from pyserve.core.supervisor import Supervisor, WorkerProcess, describe_exit
-from pyserve.errors import InferenceError, ModelNotReadyError, PyServeError, WorkerDiedError
+from pyserve.errors import ConfigError, InferenceError, ModelNotReadyError, PyServeError, WorkerDiedError
+from pyserve.transport.protocol import (
+    ControlReply,
+    Header,
+    Hello,
+    Load,
+    LoadEnsemble,
+    MessageKind,
+    Refused,
+    Serving,
+    Stop,
+    Unload,
+    Welcome,
+)
 from pyserve.transport.shm import ShmReader, remove_segments
 
 logger = logging.getLogger(__name__)
 
-Handler = Callable[[bytes, dict[str, Any]], None]
+Handler = Callable[[bytes, Header], None]
 
 
 class WorkerControl:
@@ -78,12 +90,12 @@ class WorkerControl:
         # (model, version) -> (control identity, request id) of a load waiting for its process instances.
         self._loading: dict[tuple[str, int], tuple[bytes, int]] = {}
         self.handlers: dict[str, Handler] = {
-            "hello": self._on_hello,
-            "bye": self._on_bye,
-            "load": self._on_load,
-            "load_ensemble": self._on_load_ensemble,
-            "unload": self._on_unload,
-            "serving": self._on_serving,
+            MessageKind.HELLO: self._on_hello,
+            MessageKind.BYE: self._on_bye,
+            MessageKind.LOAD: self._on_load,
+            MessageKind.LOAD_ENSEMBLE: self._on_load_ensemble,
+            MessageKind.UNLOAD: self._on_unload,
+            MessageKind.SERVING: self._on_serving,
         }
 
     def start(self, router_address: str, loop: asyncio.AbstractEventLoop) -> None:
@@ -114,19 +126,25 @@ class WorkerControl:
 
     # models -------------------------------------------------------------------------------------------------------
 
-    def _on_load(self, identity: bytes, header: dict[str, Any]) -> None:
+    def _on_load(self, identity: bytes, header: Header) -> None:
+        load = Load(header)
+        payload = load.payload
         try:
-            spec = ModelSpec.from_wire(header["spec"])
+            spec = load.spec
+            processes = spec.config.worker is WorkerKind.PROCESS
+            if processes and payload is None:
+                raise ConfigError(f"model '{spec.name}' has process instances, but its load carries no functions")
             entry = ModelEntry(spec)
             self.registry.add(entry)
             entry.scheduler = self._make_scheduler(entry)
         except PyServeError as exc:
-            self._send(identity, {"t": "error", "rid": header["rid"], "message": str(exc)}, None)
+            self._send(identity, ControlReply.build_error(load.request_id, str(exc)), None)
             return
-        if spec.config.worker is WorkerKind.PROCESS:
-            self._start_processes(identity, header["rid"], entry, header["payload"])
+        if processes:
+            assert payload is not None
+            self._start_processes(identity, load.request_id, entry, payload)
             return
-        self._send(identity, {"t": "ok", "rid": header["rid"]}, None)
+        self._send(identity, ControlReply.build_ok(load.request_id), None)
 
     def _make_scheduler(self, entry: ModelEntry) -> ModelScheduler:
         assert self._loop is not None
@@ -136,17 +154,19 @@ class WorkerControl:
             orderer = ResponseOrderer(deliver)
         return ModelScheduler(entry, self._batches.dispatch, self._loop.call_later, reject=reject, orderer=orderer)
 
-    def _on_load_ensemble(self, identity: bytes, header: dict[str, Any]) -> None:
+    def _on_load_ensemble(self, identity: bytes, header: Header) -> None:
+        message = LoadEnsemble(header)
         try:
-            load_ensemble(header["spec"], self.registry)
+            load_ensemble(message.ensemble, self.registry)
         except PyServeError as exc:
-            self._send(identity, {"t": "error", "rid": header["rid"], "message": str(exc)}, None)
+            self._send(identity, ControlReply.build_error(message.request_id, str(exc)), None)
             return
-        self._send(identity, {"t": "ok", "rid": header["rid"]}, None)
+        self._send(identity, ControlReply.build_ok(message.request_id), None)
 
-    def _on_unload(self, identity: bytes, header: dict[str, Any]) -> None:
-        self._unload(header["name"], header["version"], "it was unloaded")
-        self._send(identity, {"t": "ok", "rid": header["rid"]}, None)
+    def _on_unload(self, identity: bytes, header: Header) -> None:
+        message = Unload(header)
+        self._unload(message.name, message.version, "it was unloaded")
+        self._send(identity, ControlReply.build_ok(message.request_id), None)
 
     def _unload(self, name: str, version: int, why: str) -> None:
         entry = self.registry.remove(name, version)
@@ -156,29 +176,30 @@ class WorkerControl:
             for request in entry.scheduler.drain():
                 fail(request, ModelNotReadyError(f"model '{entry.name}' is not available: {why}"))
         for instance in list(entry.instances):
-            self._send(instance.identity, {"t": "stop"}, None)
+            self._send(instance.identity, Stop.build(), None)
             self._remove_instance(instance.identity, ModelNotReadyError(f"model '{entry.name}': {why}"))
         if self._supervisor is not None:
             self._supervisor.remove_model(name, version)
 
-    def _on_serving(self, identity: bytes, header: dict[str, Any]) -> None:
+    def _on_serving(self, identity: bytes, header: Header) -> None:
         # Serve loaded what was bound before start: from now on readiness is the models' own.
         self.serving = True
-        self._send(identity, {"t": "ok", "rid": header.get("rid")}, None)
+        self._send(identity, ControlReply.build_ok(Serving(header).request_id), None)
 
     # instances ----------------------------------------------------------------------------------------------------
 
-    def _on_hello(self, identity: bytes, header: dict[str, Any]) -> None:
+    def _on_hello(self, identity: bytes, header: Header) -> None:
+        hello = Hello(header)
         try:
-            entry = self.registry.get(header["model"], header["version"])
+            entry = self.registry.get(hello.model, hello.version)
         except InferenceError as exc:
-            self._send(identity, {"t": "refused", "message": str(exc)}, None)
+            self._send(identity, Refused.build(str(exc)), None)
             return
-        instance = Instance(identity, header["instance"], header["kind"], header["pid"])
+        instance = Instance(identity, hello.instance_index, hello.instance_kind, hello.pid)
         entry.instances.append(instance)
         self._metrics.model_ready(entry)
-        self._connected[identity] = (instance, entry, header["shm_prefix"])
-        self._send(identity, {"t": "welcome", "cancel": self._batches.cancel_address}, None)
+        self._connected[identity] = (instance, entry, hello.shm_prefix)
+        self._send(identity, Welcome.build(self._batches.cancel_address), None)
         assert entry.scheduler is not None
         entry.scheduler.add_instance(instance)
         if instance.kind == "process" and self._supervisor is not None:
@@ -187,7 +208,7 @@ class WorkerControl:
                 worker.ready = True
             self._maybe_finish_load(entry)
 
-    def _on_bye(self, identity: bytes, header: dict[str, Any]) -> None:
+    def _on_bye(self, identity: bytes, header: Header) -> None:
         known = self._connected.get(identity)
         if known is not None:
             self._remove_instance(
@@ -225,7 +246,7 @@ class WorkerControl:
         loading = self._loading.get(key)
         if loading is not None and len(entry.instances) >= entry.spec.config.instances:
             del self._loading[key]
-            self._send(loading[0], {"t": "ok", "rid": loading[1]}, None)
+            self._send(loading[0], ControlReply.build_ok(loading[1]), None)
 
     def _on_process_exit(self, worker: WorkerProcess, status: int) -> None:
         how = describe_exit(status)
@@ -247,7 +268,7 @@ class WorkerControl:
                 f"instance {worker.index} of model '{worker.model}' exited before it was ready ({how}); "
                 "its error output is above"
             )
-            self._send(loading[0], {"t": "error", "rid": loading[1], "message": message}, None)
+            self._send(loading[0], ControlReply.build_error(loading[1], message), None)
             return
         if self._is_stopping():
             return

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -134,11 +134,13 @@ def _worker_tracer(trace_file: str) -> Any:
 class ComputeSpans:
     """In a worker: a ``compute`` span under each traced request of a batch, the first one current meanwhile."""
 
-    def __init__(self, trace: Mapping[str, Any], model: str, version: int, instance: int, requests: int) -> None:
+    def __init__(
+        self, trace_file: str, parents: Sequence[str | None], model: str, version: int, instance: int, requests: int
+    ) -> None:
         from opentelemetry import context
         from opentelemetry import trace as trace_api
 
-        tracer = _worker_tracer(trace.get("file", ""))
+        tracer = _worker_tracer(trace_file)
         attributes = {
             "triton.model_name": model,
             "triton.model_version": str(version),
@@ -148,7 +150,7 @@ class ComputeSpans:
         }
         self.spans = [
             tracer.start_span("compute", context=parent_context(parent), attributes=attributes)
-            for parent in trace.get("parents", ())
+            for parent in parents
             if parent
         ]
         self._token = context.attach(trace_api.set_span_in_context(self.spans[0])) if self.spans else None
@@ -172,11 +174,13 @@ class ComputeSpans:
 
 
 def start_compute(
-    trace: Mapping[str, Any], model: str, version: int, instance: int, requests: int
+    trace_file: str, parents: Sequence[str | None], model: str, version: int, instance: int, requests: int
 ) -> ComputeSpans | None:
-    """The compute spans of a batch whose header carries trace context; None if tracing cannot start here."""
+    """The compute spans of a batch whose header carries trace context: under each of ``parents`` (a request's
+    ``traceparent``, None for one not traced), exported to ``trace_file`` too if set. None if tracing cannot start
+    here."""
     try:
-        return ComputeSpans(trace, model, version, instance, requests)
+        return ComputeSpans(trace_file, parents, model, version, instance, requests)
     except Exception:  # tracing must never fail a batch
         logger.exception("could not start compute spans for model '%s'", model)
         return None

@@ -9,6 +9,7 @@ Tensor descriptors are lists ``[name, datatype, shape, loc]``; BYTES tensors tra
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import msgpack
@@ -20,18 +21,30 @@ from pyserve.transport.shm import ShmPool, ShmReader
 Loc = int | list[Any]
 
 
+# msgpack.packb makes a packer per call, with a 256 KiB buffer whose allocation costs more than packing a header.
+# Each thread keeps a packer of its own (one is not thread-safe) with a small buffer; one whose buffer grew past
+# _KEEP_PACKER_BYTES for a large message (a model's pickled functions) is dropped with it.
+_PACKER_BUFFER_BYTES = 4096
+_KEEP_PACKER_BYTES = 64 * 1024
+_packers = threading.local()
+
+
 def pack_header(header: dict[str, Any]) -> bytes:
-    """Encode a message header."""
-    return msgpack.packb(header, use_bin_type=True)  # type: ignore[no-any-return]
+    """Encode a message header (``pyserve.transport.protocol`` builds them)."""
+    try:
+        pack = _packers.pack
+    except AttributeError:
+        pack = _packers.pack = msgpack.Packer(buf_size=_PACKER_BUFFER_BYTES).pack
+    data: bytes = pack(header)
+    if len(data) > _KEEP_PACKER_BYTES:
+        del _packers.pack
+    return data
 
 
 def unpack_header(frame: Any) -> dict[str, Any]:
     """Decode a message header frame (bytes or zmq.Frame)."""
-    return msgpack.unpackb(frame, raw=False)  # type: ignore[no-any-return]
-
-
-# The cancel publisher's answer to a new subscription: the subscriber hears every cancel published after it.
-CANCEL_SYNC = msgpack.packb({"sync": True})
+    # msgpack >= 1.0 decodes str as str and bytes as bytes by default (raw=False): no keyword to parse per message.
+    return msgpack.unpackb(frame)  # type: ignore[no-any-return]
 
 
 class FrameWriter:

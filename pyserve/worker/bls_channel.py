@@ -31,9 +31,18 @@ from pyserve.errors import (
     InvalidInputError,
     ModelNotReadyError,
     RequestTimeoutError,
-    error_from_kind,
 )
 from pyserve.transport.messages import FrameWriter, array_from_buffer, pack_header, read_buffer, unpack_header
+from pyserve.transport.protocol import (
+    BlsCancel,
+    BlsFree,
+    BlsRequest,
+    BlsResponse,
+    FreeSlots,
+    MessageKind,
+    TensorDescriptor,
+    kind_of,
+)
 from pyserve.transport.shm import ShmPool, ShmReader
 
 _POLL_MS = 50  # how often a waiting call looks at cancellation, stop and its own timeout
@@ -92,9 +101,9 @@ class BlsChannel:
             self._loop = None
         self._flags = []
 
-    def on_late_response(self, header: dict[str, Any], frames: list[Any]) -> None:
+    def on_late_response(self, response: BlsResponse, frames: list[Any]) -> None:
         """A ``bls_res`` the instance loop read: a late reply to a call already given up (its slots are freed)."""
-        self._on_response(header, frames)
+        self._on_response(response, frames)
 
     # calls ------------------------------------------------------------------------------------------------------
 
@@ -116,7 +125,7 @@ class BlsChannel:
         if not isinstance(model, str) or not model:
             raise InvalidInputError(f"BLS call: model must be a model name, got {model!r}")
         writer = FrameWriter(self._pool, self._threshold)
-        descriptors: list[Any] = []
+        descriptors: list[TensorDescriptor] = []
         try:
             for name, value in inputs.items():
                 array = value if isinstance(value, np.ndarray) else np.asarray(value)
@@ -130,18 +139,17 @@ class BlsChannel:
                 self._pool.release(slot)
             raise
         call_id = next(self._ids)
-        header = {
-            "t": "bls",
-            "c": call_id,
-            "model": model,
-            "version": version,
-            "x": descriptors,
-            "p": dict(parameters or {}),
-            "o": list(outputs or ()),
-            "id": request_id,
-            "stream": stream,
-            "tu": int(timeout_s * 1e6) if timeout_s else 0,
-        }
+        header = BlsRequest.build(
+            call_id,
+            model,
+            version,
+            descriptors,
+            dict(parameters or {}),
+            list(outputs or ()),
+            request_id,
+            stream,
+            int(timeout_s * 1e6) if timeout_s else 0,
+        )
         deadline = time.monotonic() + timeout_s if timeout_s else 0.0
         call = BlsCall(call_id, model, stream, deadline, writer.slots)
         self._calls[call_id] = call
@@ -186,7 +194,7 @@ class BlsChannel:
     def abandon(self, call: BlsCall) -> None:
         """The caller no longer waits for this call: withdraw it (its later replies are dropped)."""
         if self._calls.pop(call.call_id, None) is not None and not call.final:
-            self._socket.send(pack_header({"t": "bls_cancel", "c": call.call_id}))
+            self._socket.send(pack_header(BlsCancel.build(call.call_id)))
         call.final = True
         self._free_inputs(call)
 
@@ -215,31 +223,31 @@ class BlsChannel:
         while int(socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
             header = unpack_header(frames[0].buffer)
-            kind = header["t"]
-            if kind == "bls_res":
-                self._on_response(header, frames[1:])
-            elif kind == "free":
-                for name in header["slots"]:
+            kind = kind_of(header)
+            if kind == MessageKind.BLS_RESPONSE:
+                self._on_response(BlsResponse(header), frames[1:])
+            elif kind == MessageKind.FREE:
+                for name in FreeSlots(header).slots:
                     self._pool.release(name)
             else:
-                if kind == "stop":
+                if kind == MessageKind.STOP:
                     self.stopping = True
                 self.deferred.append(frames)
 
-    def _on_response(self, header: dict[str, Any], frames: list[Any]) -> None:
-        call = self._calls.get(header["c"])
-        lease = header.get("l")
+    def _on_response(self, response: BlsResponse, frames: list[Any]) -> None:
+        call = self._calls.get(response.call_id)
+        lease = response.lease
         try:
             if call is None:
                 return  # given up: nothing to read
-            if "err" in header:
-                kind, message = header["err"]
-                call.responses.append(error_from_kind(kind, message))
+            error = response.error
+            if error is not None:
+                call.responses.append(error)
                 call.final = True
             else:
                 outputs: Outputs = {}
                 try:
-                    for name, datatype, shape, loc in header["o"]:
+                    for name, datatype, shape, loc in response.outputs:
                         array = array_from_buffer(read_buffer(loc, frames, self._reader), datatype, shape, name)
                         # Inline frames belong to this message; shared-memory slots go back to their owner below.
                         outputs[name] = array if isinstance(loc, int) or datatype == "BYTES" else array.copy()
@@ -247,10 +255,10 @@ class BlsChannel:
                     error = InferenceError(f"BLS call to model '{call.model}': could not read its response: {exc}")
                     call.responses.append(error)
                     call.final = True
-                    if not header["final"]:
-                        self._socket.send(pack_header({"t": "bls_cancel", "c": call.call_id}))
+                    if not response.final:
+                        self._socket.send(pack_header(BlsCancel.build(call.call_id)))
                 else:
-                    call.final = header["final"]
+                    call.final = response.final
                     if outputs or not (call.stream and call.final):
                         call.responses.append(outputs)
             if call.final:
@@ -260,7 +268,7 @@ class BlsChannel:
                 call.waiter.set_result(None)
         finally:
             if lease is not None:
-                self._socket.send(pack_header({"t": "bls_free", "l": lease}))
+                self._socket.send(pack_header(BlsFree.build(lease)))
 
     def _free_inputs(self, call: BlsCall) -> None:
         slots, call.slots = call.slots, []

@@ -18,11 +18,12 @@ from typing import Any
 import zmq
 
 from pyserve.transport.messages import unpack_header
+from pyserve.transport.protocol import CancelNotice
 
 logger = logging.getLogger(__name__)
 
 # How long an instance waits for its listener's subscription to be confirmed before it reports ready anyway.
-SYNC_TIMEOUT_S = 10.0
+SYNC_TIMEOUT_MS = 10_000
 
 
 class CancelListener:
@@ -33,7 +34,8 @@ class CancelListener:
         self._lock = threading.Lock()
         self._batches: dict[int, list[threading.Event]] = {}
         self._stop = threading.Event()
-        self.synced = threading.Event()
+        # Readable (end-of-file) once the core confirmed the subscription: instances wait on it beside their wake fds.
+        self.synced_fd, self._synced_write = os.pipe()
         # The thread sleeps on its socket and this pipe; close() closes the write end to wake it.
         self._wake_read, self._wake_write = os.pipe()
         self._thread = threading.Thread(target=self._run, name="pyserve-cancel", daemon=True)
@@ -56,6 +58,10 @@ class CancelListener:
         self._thread.join(2)
         if not self._thread.is_alive():
             os.close(self._wake_read)
+            os.close(self.synced_fd)
+            if self._synced_write >= 0:
+                os.close(self._synced_write)
+                self._synced_write = -1
 
     def _run(self) -> None:
         socket: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.SUB)
@@ -69,14 +75,16 @@ class CancelListener:
             while not self._stop.is_set():
                 if dict(poller.poll()).get(self._wake_read):
                     return
-                message = unpack_header(socket.recv())
-                if message.get("sync"):
-                    self.synced.set()
+                message = CancelNotice(unpack_header(socket.recv()))
+                if message.is_sync:
+                    if self._synced_write >= 0:
+                        os.close(self._synced_write)
+                        self._synced_write = -1
                     continue
                 with self._lock:
-                    flags = self._batches.get(message["b"])
+                    flags = self._batches.get(message.batch_id)
                     if flags is not None:
-                        for index in message["i"]:
+                        for index in message.request_indexes:
                             if 0 <= index < len(flags):
                                 flags[index].set()
         except zmq.ZMQError as exc:
@@ -97,14 +105,29 @@ def acquire_listener(address: str) -> CancelListener:
         if listener is None:
             listener = CancelListener(address)
         _listeners[address] = (listener, users + 1)
-    if not listener.synced.wait(SYNC_TIMEOUT_S):
+        return listener
+
+
+def wait_synced(listener: CancelListener, wake_fds: list[int]) -> bool:
+    """Wait until the listener's subscription is confirmed; False if a wake fd became readable first (stop).
+
+    Gives up with a warning after ``SYNC_TIMEOUT_MS``: the instance then serves, and a request cancelled while it
+    runs may not see its flag.
+    """
+    poller = zmq.Poller()
+    poller.register(listener.synced_fd, zmq.POLLIN)
+    for fd in wake_fds:
+        poller.register(fd, zmq.POLLIN)
+    ready = dict(poller.poll(SYNC_TIMEOUT_MS))
+    if any(fd in ready for fd in wake_fds):
+        return False
+    if listener.synced_fd not in ready:
         logger.warning(
-            "the cancel listener for %s was not confirmed within %.0f s: a running request's cancellation may be "
-            "missed",
-            address,
-            SYNC_TIMEOUT_S,
+            "the cancel listener for %s was not confirmed within %d ms: a running request's cancellation may be missed",
+            listener.address,
+            SYNC_TIMEOUT_MS,
         )
-    return listener
+    return True
 
 
 def release_listener(address: str) -> None:

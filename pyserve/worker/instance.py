@@ -22,13 +22,28 @@ import zmq
 
 from pyserve.config import ModelSpec
 from pyserve.dtypes import numpy_dtype
-from pyserve.errors import InferenceError, ModelExecutionError, OutputMismatchError, error_kind
+from pyserve.errors import InferenceError, ModelExecutionError, OutputMismatchError
 from pyserve.request import ModelContext, Request, RequestBatch, reset_current_model, set_current_model
 from pyserve.telemetry.spans import start_compute
 from pyserve.transport.messages import FrameWriter, array_from_buffer, pack_header, read_buffer, unpack_header
+from pyserve.transport.protocol import (
+    MERGED,
+    BatchResult,
+    BlsResponse,
+    FreeSlots,
+    Hello,
+    InferBatch,
+    InputBlock,
+    MessageKind,
+    Refused,
+    RequestEntry,
+    TensorDescriptor,
+    Welcome,
+    kind_of,
+)
 from pyserve.transport.shm import ShmPool, ShmReader
 from pyserve.worker.bls_channel import BlsChannel
-from pyserve.worker.cancel import CancelListener, acquire_listener, release_listener
+from pyserve.worker.cancel import CancelListener, acquire_listener, release_listener, wait_synced
 
 logger = logging.getLogger(__name__)
 
@@ -96,19 +111,10 @@ class InstanceRunner:
         try:
             self.infer_func = instantiate(self.infer_func, self.context.device)
             socket.connect(self.address)
-            socket.send(
-                pack_header(
-                    {
-                        "t": "hello",
-                        "model": self.spec.name,
-                        "version": self.spec.version,
-                        "instance": self.instance,
-                        "kind": self.kind,
-                        "pid": os.getpid(),
-                        "shm_prefix": self._shm_prefix,
-                    }
-                )
+            hello = Hello.build(
+                self.spec.name, self.spec.version, self.instance, self.kind, os.getpid(), self._shm_prefix
             )
+            socket.send(pack_header(hello))
             poller = zmq.Poller()
             poller.register(socket, zmq.POLLIN)
             for fd in wake_fds:
@@ -125,24 +131,27 @@ class InstanceRunner:
                             return  # a wake fd is readable: stop
                         continue
                 header = unpack_header(frames[0].buffer)
-                kind = header["t"]
-                if kind == "infer":
-                    self._execute(socket, header, frames[1:], pool, reader)
-                elif kind == "bls_res":
-                    bls.on_late_response(header, frames[1:])
-                elif kind == "free":
-                    for name in header["slots"]:
+                kind = kind_of(header)
+                if kind == MessageKind.INFER:
+                    self._execute(socket, InferBatch(header), frames[1:], pool, reader)
+                elif kind == MessageKind.BLS_RESPONSE:
+                    bls.on_late_response(BlsResponse(header), frames[1:])
+                elif kind == MessageKind.FREE:
+                    for name in FreeSlots(header).slots:
                         pool.release(name)
-                elif kind == "welcome":
-                    if header.get("cancel"):
-                        self._cancel = acquire_listener(header["cancel"])
+                elif kind == MessageKind.WELCOME:
+                    cancel_address = Welcome(header).cancel_address
+                    if cancel_address:
+                        self._cancel = acquire_listener(cancel_address)
+                        if not wait_synced(self._cancel, list(wake_fds)):
+                            return  # stopped (or the core died) while the subscription was being confirmed
                     ready_sent = True
                     on_ready(None)
-                elif kind == "refused":
+                elif kind == MessageKind.REFUSED:
                     ready_sent = True
-                    on_ready(header["message"])
+                    on_ready(Refused(header).message)
                     return
-                elif kind == "stop":
+                elif kind == MessageKind.STOP:
                     return
         except zmq.ZMQError as exc:
             if not stop.is_set():
@@ -167,13 +176,14 @@ class InstanceRunner:
     # one batch --------------------------------------------------------------------------------------------------
 
     def _execute(
-        self, socket: zmq.Socket[Any], header: dict[str, Any], frames: list[Any], pool: ShmPool, reader: ShmReader
+        self, socket: zmq.Socket[Any], message: InferBatch, frames: list[Any], pool: ShmPool, reader: ShmReader
     ) -> None:
-        batch_id = header["b"]
+        batch_id = message.batch_id
         started = time.perf_counter_ns()
-        flags = [threading.Event() for _ in header["r"]]
+        requests = message.requests
+        flags = [threading.Event() for _ in requests]
         try:
-            batch = self._decode(header, frames, reader, flags)
+            batch = self._decode(requests, message.blocks, frames, reader, flags)
         except Exception as exc:  # a malformed batch is the core's bug; report it, keep serving
             logger.error(
                 "instance %d of model '%s' version %d could not decode a batch",
@@ -192,8 +202,12 @@ class InstanceRunner:
         assert self._bls is not None
         bls_token = self._bls.enter(flags, self._stopping)
         # Traced requests: compute spans under their request spans, current while the function runs.
-        trace = header.get("tc")
-        spans = start_compute(trace, self.spec.name, self.spec.version, self.instance, len(batch)) if trace else None
+        trace = message.trace
+        spans = None
+        if trace is not None:
+            spans = start_compute(
+                trace.file, trace.parents, self.spec.name, self.spec.version, self.instance, len(batch)
+            )
         try:
             result = self.infer_func(batch)
             if inspect.isgenerator(result):
@@ -220,14 +234,8 @@ class InstanceRunner:
             if self._cancel is not None:
                 self._cancel.unregister(batch_id)
         encoded = time.perf_counter_ns()
-        reply = {
-            "t": "res",
-            "b": batch_id,
-            "o": outputs,
-            "s": writer.slots,
-            "final": True,
-            "tm": [decoded - started, computed - decoded, encoded - computed],
-        }
+        timings = [decoded - started, computed - decoded, encoded - computed]
+        reply = BatchResult.build_final(batch_id, outputs, writer.slots, timings)
         socket.send_multipart([pack_header(reply), *writer.frames], copy=False)
 
     def _stream(
@@ -255,7 +263,7 @@ class InstanceRunner:
                 writer = FrameWriter(pool, self._shm_threshold)
                 outputs = self._encode(batch, result, writer, allow_none=True)
                 timings = [produced - last, time.perf_counter_ns() - produced]
-                reply = {"t": "res", "b": batch_id, "o": outputs, "s": writer.slots, "final": False, "rt": timings}
+                reply = BatchResult.build_response(batch_id, outputs, writer.slots, timings)
                 socket.send_multipart([pack_header(reply), *writer.frames], copy=False)
                 last = time.perf_counter_ns()
         except Exception as exc:
@@ -263,15 +271,7 @@ class InstanceRunner:
             self._send_error(socket, batch_id, error, [time.perf_counter_ns() - last])
             return
         done = time.perf_counter_ns()
-        reply = {
-            "t": "res",
-            "b": batch_id,
-            "o": None,
-            "s": [],
-            "final": True,
-            "tm": [decoded - started, done - decoded, 0],
-            "rt": [done - last],
-        }
+        reply = BatchResult.build_end(batch_id, [decoded - started, done - decoded, 0], [done - last])
         socket.send(pack_header(reply))
 
     def _iterate_async(self, agen: Any) -> Any:
@@ -295,10 +295,7 @@ class InstanceRunner:
     def _send_error(
         self, socket: zmq.Socket[Any], batch_id: int, error: InferenceError, timings: list[int] | None = None
     ) -> None:
-        reply: dict[str, Any] = {"t": "res", "b": batch_id, "err": [error_kind(error), str(error)], "final": True}
-        if timings is not None:
-            reply["rt"] = timings
-        socket.send(pack_header(reply))
+        socket.send(pack_header(BatchResult.build_error(batch_id, error, timings)))
 
     def _as_inference_error(self, exc: Exception, requests: int) -> InferenceError:
         """The error that answers every request of a failed batch; logs the failure (once per batch).
@@ -344,14 +341,18 @@ class InstanceRunner:
         return {"model": self.spec.name, "version": self.spec.version, "instance": self.instance}
 
     def _decode(
-        self, header: dict[str, Any], frames: list[Any], reader: ShmReader, flags: list[threading.Event]
+        self,
+        requests: list[RequestEntry],
+        blocks: list[InputBlock],
+        frames: list[Any],
+        reader: ShmReader,
+        flags: list[threading.Event],
     ) -> RequestBatch:
-        requests = header["r"]
         data: list[dict[str, np.ndarray]] = [{} for _ in requests]
         merged: dict[str, np.ndarray] = {}
-        for name, datatype, shape, loc, target in header["x"]:
+        for name, datatype, shape, loc, target in blocks:
             array = array_from_buffer(read_buffer(loc, frames, reader), datatype, shape, name)
-            if target == -1:
+            if target == MERGED:
                 # One block holding every request's rows in order: requests get views of it.
                 merged[name] = array
                 start = 0
@@ -398,7 +399,7 @@ class InstanceRunner:
             missing = [name for name in requested if name not in outputs] if requested else self._missing(outputs)
             if missing:
                 raise self._missing_error("requested" if requested else "declared", missing, outputs)
-            descriptors = []
+            descriptors: list[TensorDescriptor] = []
             for name in requested or outputs:
                 declared = self._outputs.get(name)
                 if declared is None:

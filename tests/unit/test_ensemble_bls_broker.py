@@ -17,7 +17,15 @@ from pyserve.core.bls_broker import BlsBroker
 from pyserve.core.ensemble_executor import EnsembleExecutor
 from pyserve.core.inference import BufferLease, InferenceRequest, InferenceResponse, Instance, ModelEntry, OutputTensor
 from pyserve.core.registry import Registry
-from pyserve.errors import ModelExecutionError
+from pyserve.errors import (
+    DeadlockError,
+    InvalidInputError,
+    ModelExecutionError,
+    ModelNotFoundError,
+    RequestTimeoutError,
+    UnsupportedError,
+)
+from pyserve.transport.protocol import BlsCancel, BlsFree, BlsRequest, BlsResponse, Header, TensorDescriptor
 from pyserve.transport.shm import ShmReader
 
 
@@ -49,7 +57,7 @@ class FakeCore:
     registry: Registry = field(default_factory=Registry)
     instances: dict[bytes, tuple[Instance, ModelEntry, str]] = field(default_factory=dict)
     batches: dict[int, Batch] = field(default_factory=dict)
-    sent: list[tuple[bytes, dict[str, Any], list[Any] | None]] = field(default_factory=list)
+    sent: list[tuple[bytes, Header, list[Any] | None]] = field(default_factory=list)
     cancelled: list[InferenceRequest] = field(default_factory=list)
     timers: list[Timer] = field(default_factory=list)
     busy: set[Instance] = field(default_factory=set)
@@ -104,14 +112,29 @@ class FakeCore:
         self.timers.append(Timer(delay, callback))
         return self.timers[-1]
 
-    def call(self, caller: Instance, model: str, call_id: int = 1, **extra: Any) -> dict[str, Any] | None:
-        """The caller sends a call; returns what the broker answered at once, if anything."""
+    def call(
+        self,
+        caller: Instance,
+        model: str,
+        call_id: int = 1,
+        *,
+        inputs: list[TensorDescriptor] | None = None,
+        parameters: dict[str, Any] | None = None,
+        timeout_us: int = 0,
+    ) -> BlsResponse | None:
+        """The caller sends a call (input x: ones, FP32 [1, 2]); returns what the broker answered at once, if
+        anything."""
         data = np.ones((1, 2), np.float32)
-        header = {"t": "bls", "c": call_id, "model": model, "x": [["x", "FP32", [1, 2], 0]], **extra}
+        inputs = inputs or [["x", "FP32", [1, 2], 0]]
+        header = BlsRequest.build(call_id, model, None, inputs, parameters or {}, [], "", False, timeout_us)
         before = len(self.sent)
         self.broker.on_message(caller.identity, header, [memoryview(data.tobytes())])
         replies = [h for identity, h, _ in self.sent[before:] if identity == caller.identity]
-        return replies[-1] if replies else None
+        return BlsResponse(replies[-1]) if replies else None
+
+    def last_reply(self) -> BlsResponse:
+        """The last message the broker sent, a response to a call."""
+        return BlsResponse(self.sent[-1][1])
 
     def inner(self, call_id: int = 1, caller: Instance | None = None) -> InferenceRequest:
         calls = self.broker._calls  # what the broker submitted
@@ -125,7 +148,7 @@ def test_a_call_is_submitted_like_a_request_and_answered_to_its_caller() -> None
     (a0,) = core.add_model(spec("a"))
     core.add_model(spec("b"))
     core.run(a0)
-    assert core.call(a0, "b", p={"k": "v"}) is None  # running on b's instance, no answer yet
+    assert core.call(a0, "b", parameters={"k": "v"}) is None  # running on b's instance, no answer yet
     inner = core.inner()
     assert inner.model.name == "b" and inner.parameters == {"k": "v"} and inner.batch_id
     assert np.array_equal(inner.inputs["x"].data, np.ones((1, 2), np.float32))
@@ -133,7 +156,14 @@ def test_a_call_is_submitted_like_a_request_and_answered_to_its_caller() -> None
     inner.on_response(inner, InferenceResponse([OutputTensor("x", "FP32", [1, 2], memoryview(out.tobytes()))]))
     identity, header, frames = core.sent[-1]
     assert identity == a0.identity
-    assert header == {"t": "bls_res", "c": 1, "o": [["x", "FP32", [1, 2], 0]], "final": True}
+    reply = BlsResponse(header)
+    assert (reply.call_id, reply.outputs, reply.final, reply.lease, reply.error) == (
+        1,
+        [["x", "FP32", [1, 2], 0]],
+        True,
+        None,
+        None,
+    )
     assert frames is not None and bytes(frames[0]) == out.tobytes()
     assert len(core.broker) == 0
 
@@ -150,10 +180,10 @@ def test_outputs_in_shared_memory_travel_as_locations_held_until_the_caller_free
     output = OutputTensor("x", "FP32", [1, 2], memoryview(bytes(8)), ["seg-1", 8])
     inner.on_response(inner, InferenceResponse([output], lease=lease))
     lease.drop()  # the core's own hold ends after the callbacks
-    _, header, _ = core.sent[-1]
-    assert header["o"] == [["x", "FP32", [1, 2], ["seg-1", 8]]]
-    assert freed == []
-    core.broker.on_message(a0.identity, {"t": "bls_free", "l": header["l"]}, [])
+    reply = core.last_reply()
+    assert reply.outputs == [["x", "FP32", [1, 2], ["seg-1", 8]]]
+    assert freed == [] and reply.lease is not None
+    core.broker.on_message(a0.identity, BlsFree.build(reply.lease), [])
     assert freed == [True]
 
 
@@ -163,24 +193,20 @@ def test_errors_reach_the_caller_with_their_kind() -> None:
     core.add_model(spec("b"))
     core.add_model(spec("streams", decoupled=True))
     core.run(a0)
-    assert core.call(a0, "missing")["err"] == [  # type: ignore[index]
-        "ModelNotFoundError",
-        "Request for unknown model: 'missing' is not found",
-    ]
+    reply = core.call(a0, "missing")
+    assert reply is not None and isinstance(reply.error, ModelNotFoundError)
+    assert str(reply.error) == "Request for unknown model: 'missing' is not found"
     reply = core.call(a0, "streams")
-    assert reply is not None and reply["err"][0] == "UnsupportedError"
-    assert "call it with pyserve.infer_stream()" in reply["err"][1]
-    reply = core.call(a0, "b", x=[["y", "FP32", [1, 2], 0]])
-    assert reply is not None and reply["err"][0] == "InvalidInputError"
+    assert reply is not None and isinstance(reply.error, UnsupportedError)
+    assert "call it with pyserve.infer_stream()" in str(reply.error)
+    reply = core.call(a0, "b", inputs=[["y", "FP32", [1, 2], 0]])
+    assert reply is not None and isinstance(reply.error, InvalidInputError)
     core.call(a0, "b", call_id=9)
     inner = core.inner(9)
     inner.on_response(inner, InferenceResponse([], ModelExecutionError("model 'b' raised")))
-    assert core.sent[-1][1] == {
-        "t": "bls_res",
-        "c": 9,
-        "final": True,
-        "err": ["ModelExecutionError", "model 'b' raised"],
-    }
+    reply = core.last_reply()
+    assert (reply.call_id, reply.final) == (9, True)
+    assert isinstance(reply.error, ModelExecutionError) and str(reply.error) == "model 'b' raised"
 
 
 def test_a_model_calling_itself_with_one_instance_fails_at_once() -> None:
@@ -188,9 +214,9 @@ def test_a_model_calling_itself_with_one_instance_fails_at_once() -> None:
     (a0,) = core.add_model(spec("a"))
     core.run(a0)
     reply = core.call(a0, "a")
-    assert reply is not None and reply["err"][0] == "DeadlockError"
-    assert reply["err"][1].startswith("BLS call from model 'a' to model 'a' would deadlock")
-    assert "'a' instance 0 waits on 'a'" in reply["err"][1]
+    assert reply is not None and isinstance(reply.error, DeadlockError)
+    assert str(reply.error).startswith("BLS call from model 'a' to model 'a' would deadlock")
+    assert "'a' instance 0 waits on 'a'" in str(reply.error)
     assert len(core.cancelled) == 1 and len(core.broker) == 0
 
 
@@ -201,7 +227,7 @@ def test_recursion_works_while_an_instance_is_free_and_stops_when_none_can_be() 
     assert core.call(a0, "a") is None  # runs on a1
     assert core.inner().batch_id and a1 in core.busy
     reply = core.call(a1, "a", call_id=2)  # a1 would wait on a0, which waits on a1
-    assert reply is not None and reply["err"][0] == "DeadlockError"
+    assert reply is not None and isinstance(reply.error, DeadlockError)
 
 
 def test_two_models_calling_each_other_from_separate_requests_is_refused_when_the_cycle_closes() -> None:
@@ -212,8 +238,8 @@ def test_two_models_calling_each_other_from_separate_requests_is_refused_when_th
     core.run(b0)
     assert core.call(a0, "b") is None  # b0 is busy but not waiting: a0's call just queues
     reply = core.call(b0, "a", call_id=2)
-    assert reply is not None and reply["err"][0] == "DeadlockError"
-    assert "'a' instance 0 waits on 'b'; 'b' instance 0 waits on 'a'" in reply["err"][1]
+    assert reply is not None and isinstance(reply.error, DeadlockError)
+    assert "'a' instance 0 waits on 'b'; 'b' instance 0 waits on 'a'" in str(reply.error)
     assert len(core.broker) == 1  # a0's call stays: it runs once b0's function is done
 
 
@@ -237,8 +263,7 @@ def test_the_call_gets_what_is_left_of_the_callers_deadline() -> None:
     assert inner.deadline_ns == outer.arrival_ns + 10**15
     (timer,) = core.timers
     timer.callback()
-    _, header, _ = core.sent[-1]
-    assert header["err"][0] == "RequestTimeoutError"
+    assert isinstance(core.last_reply().error, RequestTimeoutError)
     assert core.cancelled == [inner]
 
 
@@ -248,7 +273,7 @@ def test_a_call_whose_deadline_already_passed_is_refused() -> None:
     core.add_model(spec("b"))
     core.run(a0, {"timeout": 1})  # arrived at 1 ns with 1 µs: long gone
     reply = core.call(a0, "b")
-    assert reply is not None and reply["err"][0] == "RequestTimeoutError"
+    assert reply is not None and isinstance(reply.error, RequestTimeoutError)
 
 
 def test_the_callers_own_timeout_applies_when_shorter() -> None:
@@ -256,7 +281,7 @@ def test_the_callers_own_timeout_applies_when_shorter() -> None:
     (a0,) = core.add_model(spec("a"))
     core.add_model(spec("b"))
     core.run(a0)
-    core.call(a0, "b", tu=250_000)
+    core.call(a0, "b", timeout_us=250_000)
     (timer,) = core.timers
     assert timer.delay == pytest.approx(0.25, abs=0.05)
 
@@ -269,7 +294,7 @@ def test_withdrawn_and_orphaned_calls_are_cancelled() -> None:
     core.call(a0, "b", call_id=1)
     core.call(a0, "b", call_id=2)
     first, second = core.inner(1), core.inner(2)
-    core.broker.on_message(a0.identity, {"t": "bls_cancel", "c": 1}, [])
+    core.broker.on_message(a0.identity, BlsCancel.build(1), [])
     assert core.cancelled == [first]
     freed: list[bool] = []
     lease = BufferLease(lambda: freed.append(True))
