@@ -60,7 +60,8 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
     if args.parent_pid:
         _watch_parent(args.parent_pid)
-    config = ServeConfig(http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
+    # PYSERVE_<FIELD> variables apply (hop_budget.py sets PYSERVE_STAGE_TIMES and PYSERVE_REPLY_SPIN_US).
+    config = ServeConfig.from_env(http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
     with Serve(config) as server:
         server.bind(
             MODEL_NAME,

@@ -302,7 +302,10 @@ class ServeConfig:
 
     Latency (docs/architecture.md): after sending a batch to an instance, the core polls for its reply for up to
     ``reply_spin_us`` microseconds before sleeping (only while batches are in flight: an idle server does not spin);
-    0 turns it off, trading some latency at low concurrency for less CPU.
+    0 turns it off, trading some latency at low concurrency for less CPU. ``stage_times``
+    (``PYSERVE_STAGE_TIMES=/path/file.jsonl``) is a debug switch: the core appends one JSON line per HTTP infer
+    request to that file, with when it passed each stage in the core and its instance (``pyserve.core.stage_times``,
+    ``benchmarks/hop_budget.py``); empty (the default) turns it off.
     """
 
     host: str = "127.0.0.1"
@@ -325,6 +328,7 @@ class ServeConfig:
     log_format: str = "default"
     debug_errors: bool = False
     reply_spin_us: int = 400
+    stage_times: str = ""
 
     def __post_init__(self) -> None:
         if self.transport not in ("ipc", "tcp"):

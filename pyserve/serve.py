@@ -400,6 +400,7 @@ class Serve:
                 self.config.shm_pool_bytes,
                 device=devices[index % len(devices)] if devices else "cpu",
                 debug_errors=self.config.debug_errors,
+                stage_times=bool(self.config.stage_times),
             )
 
             def on_ready(error: str | None, event: threading.Event = event) -> None:

@@ -61,6 +61,19 @@ class LogControls(Protocol):
         ...
 
 
+class StageRecorder(Protocol):
+    """The stage-times debug switch, as the HTTP front end stamps a request's first and last stage
+    (``pyserve.core.stage_times.StageTimes``)."""
+
+    def start(self) -> list[int]:
+        """The stamps of a request just read in full (hand them to its ``InferenceRequest.stamps``)."""
+        ...
+
+    def written(self, stamps: list[int]) -> None:
+        """The request's response is written."""
+        ...
+
+
 class CoreApi:
     """The core, as a front end sees it.
 
@@ -73,12 +86,13 @@ class CoreApi:
       instance).
     - ``models``: the bound model versions (``ModelsView``); ``tracing`` and ``logs``: the settings endpoints.
     - ``metrics_page()``: the Prometheus page, built when called (``METRICS_CONTENT_TYPE``).
+    - ``stage_times``: the stage-times recorder (``StageRecorder``), None unless ``ServeConfig.stage_times`` is on.
 
     The members are the core's own bound methods and objects, so calling through this object costs what calling
     the core directly would.
     """
 
-    __slots__ = ("cancel", "is_ready", "logs", "metrics_page", "models", "submit", "tracing")
+    __slots__ = ("cancel", "is_ready", "logs", "metrics_page", "models", "stage_times", "submit", "tracing")
 
     def __init__(
         self,
@@ -90,6 +104,7 @@ class CoreApi:
         tracing: TracingControls,
         logs: LogControls,
         metrics_page: Callable[[], bytes],
+        stage_times: StageRecorder | None = None,
     ) -> None:
         self.submit = submit
         self.cancel = cancel
@@ -98,6 +113,7 @@ class CoreApi:
         self.tracing = tracing
         self.logs = logs
         self.metrics_page = metrics_page
+        self.stage_times = stage_times
 
     def is_live(self) -> bool:
         """Whether the core answers: always, while its loop runs (anything that can ask, gets True)."""

@@ -23,6 +23,7 @@ import zmq
 
 from pyserve.core.inference import BufferLease, InferenceRequest, InferenceResponse, Instance, ModelEntry, OutputTensor
 from pyserve.core.request_flow import fail, respond
+from pyserve.core.stage_times import StageTimes
 from pyserve.core.stats import BACKEND, CANCELED, OTHER
 from pyserve.core.tracing import Tracing
 from pyserve.errors import InferenceError
@@ -51,7 +52,7 @@ class BatchesInFlight:
     ``pool`` holds the inputs laid out for workers (from ``shm_threshold_bytes``); ``reader`` maps the workers'
     output slots; ``connected`` is the core's map of connected instances (identity -> (instance, model version,
     shm prefix)): results and frees are only for instances still in it. ``send(identity, header, frames)`` sends
-    a message to an instance.
+    a message to an instance. ``stage_times`` stamps the batch's requests when it is sent and answered (None: off).
     """
 
     def __init__(
@@ -62,6 +63,7 @@ class BatchesInFlight:
         tracing: Tracing,
         connected: Mapping[bytes, tuple[Instance, ModelEntry, str]],
         send: Send,
+        stage_times: StageTimes | None = None,
     ) -> None:
         self.pending: dict[int, PendingBatch] = {}
         self._pool = pool
@@ -70,6 +72,7 @@ class BatchesInFlight:
         self._tracing = tracing
         self._connected = connected
         self._send = send
+        self._stage_times = stage_times
         self._next_batch_id = 0
         self._cancel_socket: zmq.Socket[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -146,6 +149,8 @@ class BatchesInFlight:
             request.batch_index = index
         self.pending[batch_id] = PendingBatch(batch, instance, entry, writer.slots, rows, now)
         instance.batch_id = batch_id
+        if self._stage_times is not None:
+            self._stage_times.sent(batch)
         self._send(instance.identity, header, writer.frames)
 
     def on_result(self, result: BatchResult, frames: list[Any]) -> None:
@@ -159,6 +164,8 @@ class BatchesInFlight:
         stats = entry.stats
         now = time.monotonic_ns()
         if final:
+            if self._stage_times is not None:
+                self._stage_times.received(pending.requests, result.stage_times, now)
             for name in pending.slots:
                 self._pool.release(name)
             # Hand the instance its next batch before answering this one: the worker computes while we encode.

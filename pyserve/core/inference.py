@@ -150,6 +150,8 @@ class InferenceRequest:
     responses: int = 0
     traceparent: str = ""
     trace: Any = None
+    # With ServeConfig.stage_times on, an HTTP request's time.monotonic_ns() per stage (pyserve.core.stage_times).
+    stamps: list[int] | None = None
 
 
 @dataclass(eq=False)

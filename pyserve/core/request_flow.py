@@ -52,6 +52,8 @@ class RequestFlow:
 
         Raises the request's InferenceError when it is refused at once (it then gets no response)."""
         entry = request.model
+        if request.stamps is not None:  # ServeConfig.stage_times
+            request.stamps.append(time.monotonic_ns())
         if self._tracing.active:
             self._tracing.begin(request)
         if self._logs.log_requests:

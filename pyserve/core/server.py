@@ -36,6 +36,7 @@ from pyserve.core.logs import log_settings
 from pyserve.core.metrics_collector import CoreMetrics
 from pyserve.core.registry import Registry
 from pyserve.core.request_flow import RequestFlow, fail
+from pyserve.core.stage_times import stage_times
 from pyserve.core.supervisor import open_pidfd
 from pyserve.core.tracing import Tracing
 from pyserve.core.worker_control import WorkerControl
@@ -82,6 +83,8 @@ class CoreServer:
         self.cache = ResponseCache(config.response_cache_bytes) if config.response_cache_bytes else None
         self.tracing = Tracing(config)
         self.logs = log_settings(config.log_level, config.log_format)
+        # The debug switch: None (off) unless PYSERVE_STAGE_TIMES names a file (pyserve.core.stage_times).
+        self.stage_times = stage_times(config.stage_times)
         self.metrics = CoreMetrics(
             self.registry,
             self.cache,
@@ -91,7 +94,7 @@ class CoreServer:
         # The connected instances: identity -> (instance, model version, shm prefix of its output pool).
         connected: dict[bytes, tuple[Instance, ModelEntry, str]] = {}
         self.batches = BatchesInFlight(
-            self._pool, self._reader, config.shm_threshold_bytes, self.tracing, connected, self._send
+            self._pool, self._reader, config.shm_threshold_bytes, self.tracing, connected, self._send, self.stage_times
         )
         self.requests = RequestFlow(self.tracing, self.logs, self.cache, self.batches.cancel_running)
         self.bls = BlsBroker(
@@ -124,6 +127,7 @@ class CoreServer:
             tracing=self.tracing,
             logs=self.logs,
             metrics_page=self.metrics.render,
+            stage_times=self.stage_times,
         )
         # Bound once: the router runs for every message.
         self._on_result = self.batches.on_result
@@ -204,6 +208,8 @@ class CoreServer:
         self._pool.close()
         self.metrics.close()
         self.tracing.close()
+        if self.stage_times is not None:
+            self.stage_times.close()
         remove_segments(self.shm_prefix)
         _remove_ipc_endpoint(self.router_address)
 

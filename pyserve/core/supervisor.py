@@ -110,6 +110,7 @@ class Supervisor:
         on_exit: Callable[[WorkerProcess, int], None],
         debug_errors: bool = False,
         loop: asyncio.AbstractEventLoop | None = None,
+        stage_times: bool = False,
     ) -> None:
         self.router_address = router_address
         self.shm_prefix = shm_prefix
@@ -117,6 +118,7 @@ class Supervisor:
         self.shm_limit = shm_limit
         self._on_exit = on_exit
         self.debug_errors = debug_errors
+        self.stage_times = stage_times
         self.workers: list[WorkerProcess] = []
         self._loop = loop
         self._timer: asyncio.TimerHandle | None = None
@@ -152,6 +154,8 @@ class Supervisor:
         ]
         if self.debug_errors:
             command.append("--debug-errors")
+        if self.stage_times:
+            command.append("--stage-times")
         worker.process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, pass_fds=(self._lifeline_fd(),))
         worker.last_pid = worker.process.pid
         worker.started_at = time.monotonic()

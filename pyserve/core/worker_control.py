@@ -111,6 +111,7 @@ class WorkerControl:
             self._on_process_exit,
             debug_errors=config.debug_errors,
             loop=loop,
+            stage_times=bool(config.stage_times),
         )
 
     def close(self) -> None:

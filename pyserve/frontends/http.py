@@ -219,6 +219,7 @@ class HttpApp:
             self._write_response(conn, request, entry, call, response, compress)
 
         infer = build_request(entry, call, on_response)
+        infer.stamps = request.stamps  # None unless the stage-times switch is on
         if self.core.tracing.active:
             infer.traceparent = headers.get(b"traceparent", b"").decode("latin-1")
         conn.in_flight = infer
@@ -334,4 +335,6 @@ def _decompress(body: bytes | bytearray, encoding: bytes, limit: int) -> bytes:
 
 async def start_http_server(core: CoreApi, config: ServeConfig) -> tuple[asyncio.base_events.Server, int]:
     """Listen on config.host:http_port; returns the server and the bound port."""
-    return await listen(HttpApp(core, config), config.host, config.http_port, backlog=1024)
+    return await listen(
+        HttpApp(core, config), config.host, config.http_port, backlog=1024, stage_times=core.stage_times
+    )

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import httptools
 import orjson
 
+from pyserve.core.api import StageRecorder
 from pyserve.core.inference import InferenceRequest
 
 _REASONS = {
@@ -64,7 +65,7 @@ class RequestHandler(Protocol):
 class HttpRequest:
     """One parsed HTTP request."""
 
-    __slots__ = ("body", "headers", "keep_alive", "method", "path", "too_large")
+    __slots__ = ("body", "headers", "keep_alive", "method", "path", "stamps", "too_large")
 
     def __init__(self) -> None:
         self.method = b""
@@ -73,13 +74,16 @@ class HttpRequest:
         self.body: bytearray | bytes = b""
         self.keep_alive = True
         self.too_large = False
+        # With the stage-times switch on: when the request passed each stage (pyserve.core.stage_times).
+        self.stamps: list[int] | None = None
 
 
 class HttpProtocol(asyncio.Protocol):
-    """One client connection."""
+    """One client connection; ``stage_times`` stamps its requests' first and last stages (None: off)."""
 
-    def __init__(self, app: RequestHandler) -> None:
+    def __init__(self, app: RequestHandler, stage_times: StageRecorder | None = None) -> None:
         self.app = app
+        self.stage_times = stage_times
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.current = HttpRequest()
@@ -164,6 +168,8 @@ class HttpProtocol(asyncio.Protocol):
             return  # refused while the headers were read (the parser goes on to the end of the chunk)
         request = self.current
         request.keep_alive = self.parser.should_keep_alive()
+        if self.stage_times is not None:
+            request.stamps = self.stage_times.start()
         if self.busy:
             self.backlog.append(request)
         else:
@@ -196,6 +202,8 @@ class HttpProtocol(asyncio.Protocol):
             transport.write(b"".join([head, *body]))
         else:
             transport.write(head + body if body else head)
+        if request.stamps is not None and self.stage_times is not None:
+            self.stage_times.written(request.stamps)
         self._finish(request, transport)
 
     def start_stream(self, request: HttpRequest, status: int, content_type: bytes) -> None:
@@ -261,10 +269,13 @@ class HttpProtocol(asyncio.Protocol):
         self.closed = True
 
 
-async def listen(app: RequestHandler, host: str, port: int, backlog: int) -> tuple[asyncio.base_events.Server, int]:
-    """Serve ``app`` over HTTP on host:port (0 picks a free port); returns the server and the bound port."""
+async def listen(
+    app: RequestHandler, host: str, port: int, backlog: int, stage_times: StageRecorder | None = None
+) -> tuple[asyncio.base_events.Server, int]:
+    """Serve ``app`` over HTTP on host:port (0 picks a free port); returns the server and the bound port.
+    ``stage_times``: the stage-times recorder, for the infer routes (None: off)."""
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: HttpProtocol(app), host=host, port=port, reuse_address=True, backlog=backlog
+        lambda: HttpProtocol(app, stage_times), host=host, port=port, reuse_address=True, backlog=backlog
     )
     return server, server.sockets[0].getsockname()[1]

@@ -13,7 +13,7 @@ core -> instance   ``welcome``          ``Welcome``         cancel_address (canc
 core -> instance   ``refused``          ``Refused``         message
 core -> instance   ``infer``            ``InferBatch``      batch_id (b), requests (r), blocks (x), trace (tc)
 instance -> core   ``res``              ``BatchResult``     batch_id (b), final, outputs (o), slots (s), timings (tm),
-                                                            response_timings (rt), error (err)
+                                                            response_timings (rt), error (err), stage_times (st)
 core -> instance   ``free``             ``FreeSlots``       slots
 core -> instance   ``stop``             ``Stop``
 instance -> core   ``bye``              ``Bye``
@@ -261,7 +261,7 @@ class BatchResult(Message):
     decoupled model, after any number of ``build_response`` rounds, ``build_end``. Timings are nanoseconds.
     """
 
-    __slots__ = ("batch_id", "error", "final", "outputs", "response_timings", "slots", "timings")
+    __slots__ = ("batch_id", "error", "final", "outputs", "response_timings", "slots", "stage_times", "timings")
     KIND = MessageKind.RESULT
 
     batch_id: int
@@ -279,6 +279,10 @@ class BatchResult(Message):
     """Of a decoupled model's messages: the time this message took to produce (Triton's response_stats)."""
     error: InferenceError | None
     """The batch's error; None when it has outputs."""
+    stage_times: list[int] | None
+    """Of a final message with outputs, when ``ServeConfig.stage_times`` is on: the instance's
+    ``time.monotonic_ns()`` when it received the batch, decoded it, the function returned and it sent this (else
+    None; ``pyserve.core.stage_times``)."""
 
     def __init__(self, header: Header) -> None:
         self.batch_id = header["b"]
@@ -287,15 +291,24 @@ class BatchResult(Message):
         self.slots = header.get("s") or []
         self.timings = header.get("tm") or []
         self.response_timings = header.get("rt")
+        self.stage_times = header.get("st")
         error = header.get("err")
         self.error = None if error is None else error_from_kind(error[0], error[1])
 
     @staticmethod
     def build_final(
-        batch_id: int, outputs: list[list[TensorDescriptor]], slots: list[str], timings: list[int]
+        batch_id: int,
+        outputs: list[list[TensorDescriptor]],
+        slots: list[str],
+        timings: list[int],
+        stage_times: list[int] | None = None,
     ) -> Header:
-        """A batch's outputs, one list per request; ``timings``: [decode, compute, encode]."""
-        return {"t": "res", "b": batch_id, "o": outputs, "s": slots, "final": True, "tm": timings}
+        """A batch's outputs, one list per request; ``timings``: [decode, compute, encode]; ``stage_times`` only
+        when the switch is on (the key is absent otherwise)."""
+        header: Header = {"t": "res", "b": batch_id, "o": outputs, "s": slots, "final": True, "tm": timings}
+        if stage_times is not None:
+            header["st"] = stage_times
+        return header
 
     @staticmethod
     def build_response(

@@ -64,6 +64,7 @@ class InstanceRunner:
         kind: str = "thread",
         parent_pid: int = 0,
         debug_errors: bool = False,
+        stage_times: bool = False,
     ) -> None:
         self.address = address
         self.spec = spec
@@ -87,6 +88,8 @@ class InstanceRunner:
         self._parent_pid = parent_pid
         # ServeConfig.debug_errors: error messages of failed batches carry the traceback.
         self._debug_errors = debug_errors
+        # ServeConfig.stage_times: results carry when the batch passed each stage here (pyserve.core.stage_times).
+        self._stage_times = stage_times
         self._cancel: CancelListener | None = None
         self._bls: BlsChannel | None = None
         self._stopping: Callable[[], bool] = lambda: False
@@ -115,6 +118,7 @@ class InstanceRunner:
                 self.spec.name, self.spec.version, self.instance, self.kind, os.getpid(), self._shm_prefix
             )
             socket.send(pack_header(hello))
+            stage_times = self._stage_times
             poller = zmq.Poller()
             poller.register(socket, zmq.POLLIN)
             for fd in wake_fds:
@@ -130,10 +134,11 @@ class InstanceRunner:
                         if any(ready is not socket for ready, _ in poller.poll()):
                             return  # a wake fd is readable: stop
                         continue
+                received = time.monotonic_ns() if stage_times else 0
                 header = unpack_header(frames[0].buffer)
                 kind = kind_of(header)
                 if kind == MessageKind.INFER:
-                    self._execute(socket, InferBatch(header), frames[1:], pool, reader)
+                    self._execute(socket, InferBatch(header), frames[1:], pool, reader, received)
                 elif kind == MessageKind.BLS_RESPONSE:
                     bls.on_late_response(BlsResponse(header), frames[1:])
                 elif kind == MessageKind.FREE:
@@ -176,10 +181,17 @@ class InstanceRunner:
     # one batch --------------------------------------------------------------------------------------------------
 
     def _execute(
-        self, socket: zmq.Socket[Any], message: InferBatch, frames: list[Any], pool: ShmPool, reader: ShmReader
+        self,
+        socket: zmq.Socket[Any],
+        message: InferBatch,
+        frames: list[Any],
+        pool: ShmPool,
+        reader: ShmReader,
+        received: int = 0,
     ) -> None:
+        # received: when the batch arrived (time.monotonic_ns()), with ServeConfig.stage_times on; else 0.
         batch_id = message.batch_id
-        started = time.perf_counter_ns()
+        started = time.monotonic_ns()
         requests = message.requests
         flags = [threading.Event() for _ in requests]
         try:
@@ -195,7 +207,7 @@ class InstanceRunner:
             )
             self._send_error(socket, batch_id, InferenceError(f"could not decode batch: {exc}"))
             return
-        decoded = time.perf_counter_ns()
+        decoded = time.monotonic_ns()
         if self._cancel is not None:
             self._cancel.register(batch_id, flags)
         token = set_current_model(self.context)
@@ -218,7 +230,7 @@ class InstanceRunner:
                 return
             if inspect.isawaitable(result):
                 result = self._event_loop().run_until_complete(_await(result))
-            computed = time.perf_counter_ns()
+            computed = time.monotonic_ns()
             writer = FrameWriter(pool, self._shm_threshold)
             outputs = self._encode(batch, result, writer)
         except Exception as exc:
@@ -233,9 +245,10 @@ class InstanceRunner:
             reset_current_model(token)
             if self._cancel is not None:
                 self._cancel.unregister(batch_id)
-        encoded = time.perf_counter_ns()
+        encoded = time.monotonic_ns()
         timings = [decoded - started, computed - decoded, encoded - computed]
-        reply = BatchResult.build_final(batch_id, outputs, writer.slots, timings)
+        stamps = [received, decoded, computed, time.monotonic_ns()] if received else None
+        reply = BatchResult.build_final(batch_id, outputs, writer.slots, timings, stamps)
         socket.send_multipart([pack_header(reply), *writer.frames], copy=False)
 
     def _stream(
@@ -253,7 +266,7 @@ class InstanceRunner:
         last = decoded
         try:
             for result in responses:
-                produced = time.perf_counter_ns()
+                produced = time.monotonic_ns()
                 if all(request.is_cancelled for request in batch):
                     # Every client of this batch went away: stop the generator, no work for nobody.
                     responses.close()
@@ -262,15 +275,15 @@ class InstanceRunner:
                     result = [None if r.is_cancelled else out for r, out in zip(batch, result, strict=True)]
                 writer = FrameWriter(pool, self._shm_threshold)
                 outputs = self._encode(batch, result, writer, allow_none=True)
-                timings = [produced - last, time.perf_counter_ns() - produced]
+                timings = [produced - last, time.monotonic_ns() - produced]
                 reply = BatchResult.build_response(batch_id, outputs, writer.slots, timings)
                 socket.send_multipart([pack_header(reply), *writer.frames], copy=False)
-                last = time.perf_counter_ns()
+                last = time.monotonic_ns()
         except Exception as exc:
             error = self._as_inference_error(exc, len(batch))
-            self._send_error(socket, batch_id, error, [time.perf_counter_ns() - last])
+            self._send_error(socket, batch_id, error, [time.monotonic_ns() - last])
             return
-        done = time.perf_counter_ns()
+        done = time.monotonic_ns()
         reply = BatchResult.build_end(batch_id, [decoded - started, done - decoded, 0], [done - last])
         socket.send(pack_header(reply))
 

@@ -306,9 +306,10 @@ def assert_generator_stopped(steps_at_cancel: int) -> None:
     waited = wait_until_closed(0.1)
     steps_when_closed = progress.steps
     time.sleep(0.3)
-    # Counter-based: the function made (almost) no progress after the cancel and none after it was closed.
+    # Counter-based: the function made little progress after the cancel (at most the 100 ms the close may take, at
+    # 10 ms a chunk: under CPU load the cancel takes a few chunks to arrive) and none after it was closed.
     assert progress.steps == steps_when_closed, "the generator kept running after it was closed"
-    assert steps_when_closed <= steps_at_cancel + 2, (steps_at_cancel, steps_when_closed)
+    assert steps_when_closed <= steps_at_cancel + 10, (steps_at_cancel, steps_when_closed)
     assert steps_when_closed < CHUNKS
     assert waited <= 0.1, f"the generator was not closed within 100 ms of the cancel (waited {waited:.3f} s)"
 

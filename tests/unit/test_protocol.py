@@ -92,7 +92,10 @@ def test_a_batch_result_reads_back_in_each_of_its_forms() -> None:
         ["seg-2"],
         [10, 20, 30],
     )
-    assert final.error is None and final.response_timings is None
+    assert final.error is None and final.response_timings is None and final.stage_times is None
+    # With the stage-times switch on, the instance's stamps travel in the final result.
+    stamped = BatchResult(wire(BatchResult.build_final(7, outputs, ["seg-2"], [10, 20, 30], [1, 2, 3, 4])))
+    assert stamped.stage_times == [1, 2, 3, 4] and stamped.outputs == outputs
 
     response = BatchResult(wire(BatchResult.build_response(7, [outputs[0], None], [], [5, 6])))
     assert (response.final, response.outputs, response.slots, response.response_timings) == (
@@ -222,6 +225,7 @@ def test_the_per_batch_messages_keep_their_short_keys() -> None:
         "final": True,
         "tm": [1, 2, 3],
     }
+    assert BatchResult.build_final(7, [[]], [], [1, 2, 3], [4, 5, 6, 7])["st"] == [4, 5, 6, 7]
 
 
 # nothing else builds or reads messages by hand ---------------------------------------------------------------------
