@@ -79,6 +79,7 @@ class Serve:
         self._runtime_dir: str | None = None
         self._session = f"pyserve-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._router_address = ""
+        self._cancel_address = ""
         self._announced = False
         self.http_port = 0
         self.grpc_port = 0
@@ -320,6 +321,7 @@ class Serve:
         self.grpc_port = ready.get("grpc_port", 0)
         self.metrics_port = ready.get("metrics_port", 0)
         self._router_address = ready["router"]
+        self._cancel_address = ready.get("cancel", "")
         control: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
         control.setsockopt(zmq.LINGER, 0)
         control.connect(self._router_address)
@@ -401,6 +403,7 @@ class Serve:
                 device=devices[index % len(devices)] if devices else "cpu",
                 debug_errors=self.config.debug_errors,
                 stage_times=bool(self.config.stage_times),
+                cancel_address=self._cancel_address,
             )
 
             def on_ready(error: str | None, event: threading.Event = event) -> None:

@@ -69,6 +69,7 @@ async def serve_core(
                 "grpc_port": listeners.grpc_port,
                 "metrics_port": listeners.metrics_port,
                 "router": core.router_address,
+                "cancel": core.batches.cancel_address,
             }
             os.write(ready_fd, orjson.dumps(ready) + b"\n")
             os.close(ready_fd)

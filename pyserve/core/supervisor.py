@@ -111,6 +111,7 @@ class Supervisor:
         debug_errors: bool = False,
         loop: asyncio.AbstractEventLoop | None = None,
         stage_times: bool = False,
+        cancel_address: str = "",
     ) -> None:
         self.router_address = router_address
         self.shm_prefix = shm_prefix
@@ -119,6 +120,7 @@ class Supervisor:
         self._on_exit = on_exit
         self.debug_errors = debug_errors
         self.stage_times = stage_times
+        self.cancel_address = cancel_address
         self.workers: list[WorkerProcess] = []
         self._loop = loop
         self._timer: asyncio.TimerHandle | None = None
@@ -156,6 +158,8 @@ class Supervisor:
             command.append("--debug-errors")
         if self.stage_times:
             command.append("--stage-times")
+        if self.cancel_address:
+            command += ["--cancel", self.cancel_address]
         worker.process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, pass_fds=(self._lifeline_fd(),))
         worker.last_pid = worker.process.pid
         worker.started_at = time.monotonic()

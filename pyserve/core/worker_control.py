@@ -112,6 +112,7 @@ class WorkerControl:
             debug_errors=config.debug_errors,
             loop=loop,
             stage_times=bool(config.stage_times),
+            cancel_address=self._batches.cancel_address,
         )
 
     def close(self) -> None:

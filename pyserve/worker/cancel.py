@@ -3,9 +3,10 @@
 A separate thread is needed because an instance's own socket is not read while its function runs. The core
 publishes ``{"b": batch_id, "i": [request indexes]}`` on an XPUB socket; one listener thread per worker process
 (shared by its instances) subscribes and sets the ``threading.Event`` each running request carries as
-``Request.is_cancelled``. The core answers each subscription with a sync message: an instance reports ready only
-once its listener heard it, so no cancel is published before the subscription is in place (ZeroMQ drops what a
-publisher sends to a subscriber whose subscription has not arrived yet).
+``Request.is_cancelled``. The core answers each subscription with a sync message, and an instance sends its hello
+only once its listener heard it (the core gives the publisher's address to thread instances through ``Serve`` and to
+process instances on their command line): by the time the core can run a batch on the instance, the subscription
+is in place (ZeroMQ drops what a publisher sends to a subscriber whose subscription has not arrived yet).
 """
 
 from __future__ import annotations

@@ -65,8 +65,12 @@ class InstanceRunner:
         parent_pid: int = 0,
         debug_errors: bool = False,
         stage_times: bool = False,
+        cancel_address: str = "",
     ) -> None:
         self.address = address
+        # The core's cancel publisher: the instance subscribes (and waits for the confirmation) before its hello,
+        # so once the core counts it as connected no cancel of its batches can be lost.
+        self._cancel_address = cancel_address
         self.spec = spec
         self.infer_func = infer_func
         self.instance = instance
@@ -113,6 +117,10 @@ class InstanceRunner:
         ready_sent = False
         try:
             self.infer_func = instantiate(self.infer_func, self.context.device)
+            if self._cancel_address:
+                self._cancel = acquire_listener(self._cancel_address)
+                if not wait_synced(self._cancel, list(wake_fds)):
+                    return  # stopped (or the core died) while the subscription was being confirmed
             socket.connect(self.address)
             hello = Hello.build(
                 self.spec.name, self.spec.version, self.instance, self.kind, os.getpid(), self._shm_prefix
@@ -146,7 +154,7 @@ class InstanceRunner:
                         pool.release(name)
                 elif kind == MessageKind.WELCOME:
                     cancel_address = Welcome(header).cancel_address
-                    if cancel_address:
+                    if cancel_address and self._cancel is None:
                         self._cancel = acquire_listener(cancel_address)
                         if not wait_synced(self._cancel, list(wake_fds)):
                             return  # stopped (or the core died) while the subscription was being confirmed
