@@ -13,6 +13,28 @@ import numpy as np
 from pyserve.config import ModelConfig, Tensor
 
 
+class CancelFlag:
+    """Whether a request was cancelled: set by the worker's cancel listener thread, read by the infer function.
+
+    A plain attribute (a write and a read are each atomic), not a ``threading.Event``: one is made per request on the
+    hot path, an Event costs ~1.8 µs to create against ~0.06 µs, and nothing waits on the flag. Same ``set()`` and
+    ``is_set()`` as an Event, which ``Request`` also accepts.
+    """
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        """Mark the request cancelled."""
+        self._set = True
+
+    def is_set(self) -> bool:
+        """Whether the request was cancelled."""
+        return self._set
+
+
 class Request(Mapping[str, np.ndarray]):
     """One inference request: its input arrays (also reachable as ``request["a"]``), parameters and the
     outputs the client asked for (empty means all)."""
@@ -25,7 +47,7 @@ class Request(Mapping[str, np.ndarray]):
         parameters: dict[str, Any] | None = None,
         requested_output_names: tuple[str, ...] = (),
         id: str = "",
-        cancel_flag: threading.Event | None = None,
+        cancel_flag: CancelFlag | threading.Event | None = None,
     ) -> None:
         self.data = data
         self.parameters = parameters if parameters is not None else {}

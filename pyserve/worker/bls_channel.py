@@ -32,6 +32,7 @@ from pyserve.errors import (
     ModelNotReadyError,
     RequestTimeoutError,
 )
+from pyserve.request import CancelFlag
 from pyserve.transport.messages import FrameWriter, array_from_buffer, pack_header, read_buffer, unpack_header
 from pyserve.transport.protocol import (
     BlsCancel,
@@ -75,7 +76,7 @@ class BlsChannel:
         self._ids = itertools.count(1)
         self._calls: dict[int, BlsCall] = {}
         self._thread = threading.get_ident()
-        self._flags: list[threading.Event] = []
+        self._flags: list[CancelFlag] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._should_stop: Callable[[], bool] = lambda: False
         self.deferred: deque[list[Any]] = deque()  # messages for the instance loop, read while a call waited
@@ -83,7 +84,7 @@ class BlsChannel:
 
     # the instance loop's side -----------------------------------------------------------------------------------
 
-    def enter(self, flags: list[threading.Event], should_stop: Callable[[], bool]) -> contextvars.Token[Any]:
+    def enter(self, flags: list[CancelFlag], should_stop: Callable[[], bool]) -> contextvars.Token[Any]:
         """The function is about to run a batch whose requests have these cancel flags."""
         self._thread = threading.get_ident()
         self._flags = flags

@@ -2,7 +2,7 @@
 
 A separate thread is needed because an instance's own socket is not read while its function runs. The core
 publishes ``{"b": batch_id, "i": [request indexes]}`` on an XPUB socket; one listener thread per worker process
-(shared by its instances) subscribes and sets the ``threading.Event`` each running request carries as
+(shared by its instances) subscribes and sets the ``CancelFlag`` each running request carries as
 ``Request.is_cancelled``. The core answers each subscription with a sync message, and an instance sends its hello
 only once its listener heard it (the core gives the publisher's address to thread instances through ``Serve`` and to
 process instances on their command line): by the time the core can run a batch on the instance, the subscription
@@ -18,6 +18,7 @@ from typing import Any
 
 import zmq
 
+from pyserve.request import CancelFlag
 from pyserve.transport.messages import unpack_header
 from pyserve.transport.protocol import CancelNotice
 
@@ -33,7 +34,7 @@ class CancelListener:
     def __init__(self, address: str) -> None:
         self.address = address
         self._lock = threading.Lock()
-        self._batches: dict[int, list[threading.Event]] = {}
+        self._batches: dict[int, list[CancelFlag]] = {}
         self._stop = threading.Event()
         # Readable (end-of-file) once the core confirmed the subscription: instances wait on it beside their wake fds.
         self.synced_fd, self._synced_write = os.pipe()
@@ -42,7 +43,7 @@ class CancelListener:
         self._thread = threading.Thread(target=self._run, name="pyserve-cancel", daemon=True)
         self._thread.start()
 
-    def register(self, batch_id: int, flags: list[threading.Event]) -> None:
+    def register(self, batch_id: int, flags: list[CancelFlag]) -> None:
         """Track the flags of a batch about to run."""
         with self._lock:
             self._batches[batch_id] = flags

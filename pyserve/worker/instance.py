@@ -23,7 +23,14 @@ import zmq
 from pyserve.config import ModelSpec
 from pyserve.dtypes import numpy_dtype
 from pyserve.errors import InferenceError, ModelExecutionError, OutputMismatchError
-from pyserve.request import ModelContext, Request, RequestBatch, reset_current_model, set_current_model
+from pyserve.request import (
+    CancelFlag,
+    ModelContext,
+    Request,
+    RequestBatch,
+    reset_current_model,
+    set_current_model,
+)
 from pyserve.telemetry.spans import start_compute
 from pyserve.transport.messages import FrameWriter, array_from_buffer, pack_header, read_buffer, unpack_header
 from pyserve.transport.protocol import (
@@ -201,7 +208,7 @@ class InstanceRunner:
         batch_id = message.batch_id
         started = time.monotonic_ns()
         requests = message.requests
-        flags = [threading.Event() for _ in requests]
+        flags = [CancelFlag() for _ in requests]
         try:
             batch = self._decode(requests, message.blocks, frames, reader, flags)
         except Exception as exc:  # a malformed batch is the core's bug; report it, keep serving
@@ -367,7 +374,7 @@ class InstanceRunner:
         blocks: list[InputBlock],
         frames: list[Any],
         reader: ShmReader,
-        flags: list[threading.Event],
+        flags: list[CancelFlag],
     ) -> RequestBatch:
         data: list[dict[str, np.ndarray]] = [{} for _ in requests]
         merged: dict[str, np.ndarray] = {}
