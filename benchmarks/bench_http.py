@@ -51,6 +51,7 @@ from _common import (
     running_server,
     with_server_script,
 )
+from _common import format_table as text_table
 
 # perf_analyzer ------------------------------------------------------------------------------------------------------
 
@@ -147,7 +148,7 @@ def format_table(rows: Sequence[dict[str, Any]], with_pytriton: bool, with_floor
         header += ["PyTriton inf/s", "p50 ms", "p99 ms", "thr ratio", "p50 ratio"]
     if with_floor:
         header += ["floor inf/s", "p50 ms", "p99 ms", "p50 / floor"]
-    lines: list[list[str]] = [header]
+    lines: list[list[str]] = []
 
     def cells(m: dict[str, Any]) -> list[str]:
         if m["error"]:
@@ -163,10 +164,7 @@ def format_table(rows: Sequence[dict[str, Any]], with_pytriton: bool, with_floor
         if with_floor:
             line += [*cells(row["floor"]), _fmt(row["floor_p50_ratio"], ".2f")]
         lines.append(line)
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    text = ["  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) for line in lines]
-    text.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(text)
+    return text_table(header, lines, align_left=0)
 
 
 def target_lines(rows: Sequence[dict[str, Any]]) -> list[str]:

@@ -41,19 +41,6 @@ from _common import (
     running_server,
 )
 
-# The stages pyserve stamps (pyserve.core.stage_times.STAGES), repeated so this script reads a file written by
-# any server without importing it.
-STAGES = (
-    "complete",
-    "submitted",
-    "sent",
-    "worker_received",
-    "worker_decoded",
-    "worker_returned",
-    "worker_sent",
-    "received",
-    "written",
-)
 # (label, from, to): consecutive stages, then the server's total. "client_sent" and "client_received" are the
 # client's own stamps, taken right before it sends a request and right after it has read the whole response.
 INTERVALS = (
@@ -155,15 +142,15 @@ def send_requests(url: str, floats: int, count: int) -> list[tuple[int, int]]:
 # one run ----------------------------------------------------------------------------------------------------------
 
 
-def measure(run: Run, requests: int, warmup: int, floats: int, work_dir: Path) -> dict[str, list[float]]:
-    """Start the server for ``run``, send the requests, stop it; each interval's values (µs) over the requests."""
-    stage_file = work_dir / f"stages-{len(run.env)}.jsonl"
+def measure(run: Run, index: int, requests: int, warmup: int, floats: int, work_dir: Path) -> dict[str, list[float]]:
+    """Start the server for ``run`` (the ``index``-th), send the requests, stop it; each interval's values (µs)."""
+    stage_file = work_dir / f"stages-{index}.jsonl"
     stage_file.unlink(missing_ok=True)
     spec = pyserve_spec()
     env = {**spec.env, **run.env, "PYSERVE_STAGE_TIMES": str(stage_file)}
     spec = dataclasses.replace(spec, env=env)
     print(f"{run.name}: starting pyserve (http port {spec.http_port}) ...", flush=True)
-    with running_server(spec, work_dir / f"server-{len(run.env)}.log") as url:
+    with running_server(spec, work_dir / f"server-{index}.log") as url:
         client = send_requests(url, floats, warmup + requests)
     if not stage_file.exists():
         raise BenchError(f"the server wrote no stage times to {stage_file}")
@@ -215,8 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"CPU busy before the runs: {busy:.0%} of {os.cpu_count()} CPUs", flush=True)
     results: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory(prefix="hop-budget-") as tmp:
-        for run in RUNS:
-            results[run.name] = measure(run, args.requests, args.warmup, args.floats, Path(tmp))
+        for index, run in enumerate(RUNS):
+            results[run.name] = measure(run, index, args.requests, args.warmup, args.floats, Path(tmp))
     print(
         f"\n{args.requests} sequential requests of {args.floats} FP32 (binary data), one keep-alive connection, "
         f"model {MODEL_NAME} (thread instance); medians and p90 of each interval, each taken on its own"

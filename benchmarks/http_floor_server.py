@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
 import signal
 import time
 from typing import Any
@@ -21,8 +19,8 @@ from typing import Any
 import httptools
 import orjson
 import uvloop
+from _common import MODEL_NAME, watch_parent
 
-MODEL_NAME = "identity_fp32"
 _METADATA = orjson.dumps(
     {
         "name": MODEL_NAME,
@@ -169,18 +167,14 @@ class FloorProtocol(asyncio.Protocol):
         self.transport.writelines((lines + b"\r\n", payload, extra))
 
 
-async def serve(port: int, parent_pid: int) -> None:
-    """Serve until a signal (or the parent's death, checked once a second)."""
+async def serve(port: int) -> None:
+    """Serve until SIGINT/SIGTERM (``watch_parent`` sends SIGTERM when the benchmark driver is gone)."""
     loop = asyncio.get_running_loop()
     stopped = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stopped.set)
     server = await loop.create_server(FloorProtocol, "127.0.0.1", port, reuse_address=True)
-    while not stopped.is_set():
-        if parent_pid and os.getppid() != parent_pid:
-            break
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stopped.wait(), 1.0)
+    await stopped.wait()
     server.close()
 
 
@@ -190,7 +184,9 @@ def main() -> None:
     parser.add_argument("--grpc-port", type=int, default=0, help="ignored (benchmark servers share one command line)")
     parser.add_argument("--parent-pid", type=int, default=0)
     args = parser.parse_args()
-    uvloop.run(serve(args.http_port, args.parent_pid))
+    if args.parent_pid:
+        watch_parent(args.parent_pid)
+    uvloop.run(serve(args.http_port))
 
 
 if __name__ == "__main__":
