@@ -109,15 +109,12 @@ def _tensor(text: str) -> Tensor:
         raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
 
-def _export_server_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The server options given, also exported as PYSERVE_<FIELD> for a module that makes ``Serve()`` itself."""
-    given = {key: getattr(args, key) for key in _SERVER_OPTIONS if getattr(args, key) is not None}
-    for key, value in given.items():
-        os.environ[f"PYSERVE_{key.upper()}"] = str(value)
-    return given
+def _server_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The server options given on the command line, by ServeConfig field."""
+    return {key: getattr(args, key) for key in _SERVER_OPTIONS if getattr(args, key) is not None}
 
 
-def _demo(args: argparse.Namespace, options: dict[str, Any]) -> int:
+def _demo(args: argparse.Namespace) -> int:
     from pyserve.demo import bind_demo_models, usage_text
 
     server = Serve(ServeConfig.from_env())
@@ -128,7 +125,7 @@ def _demo(args: argparse.Namespace, options: dict[str, Any]) -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace, options: dict[str, Any]) -> int:
+def _serve(args: argparse.Namespace) -> int:
     module_name, _, attribute = args.target.partition(":")
     # A module beside the caller imports as `pyserve serve app:server`, as with `python -m`.
     sys.path.insert(0, os.getcwd())
@@ -151,7 +148,7 @@ def _serve(args: argparse.Namespace, options: dict[str, Any]) -> int:
                 "with its models bound; bind them there, or name a function"
             )
         server = target
-        server.config = dataclasses.replace(server.config, **options)
+        server.config = dataclasses.replace(server.config, **_server_options(args))
     elif callable(target):
         server = _function_server(target, f"{module_name}:{attribute}", attribute, args)
     else:
@@ -236,13 +233,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve" and level <= logging.WARNING:
         # Serve announces where it serves at INFO; `serve` shows that line unless asked for errors only.
         logging.getLogger("pyserve.serve").setLevel(min(level, logging.INFO))
-    options = _export_server_options(args)
+    # Exported too, for a module that makes its ``Serve()`` itself (ServeConfig reads PYSERVE_<FIELD>).
+    for key, value in _server_options(args).items():
+        os.environ[f"PYSERVE_{key.upper()}"] = str(value)
     # SIGTERM stops like Ctrl+C, also before Serve.serve() installs its own handlers (while a module imports), and
     # even when started in the background, which inherits SIGINT ignored.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _stop_on_signal)
     try:
-        return int(args.handler(args, options))
+        return int(args.handler(args))
     except KeyboardInterrupt:
         return 0
     except UsageError as exc:

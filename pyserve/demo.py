@@ -78,11 +78,10 @@ def usage_text(server: Serve, names: list[str]) -> str:
     """What the demo prints once it serves: endpoints and ready-to-paste client examples."""
     url = server.url
     host_port = url.removeprefix("http://")
-    host = server.config.host
     return f"""pyserve demo is serving on {url}
   models: {", ".join(names)}
   health: {url}/v2/health/ready    metadata: {url}/v2/models/add_sub    stats: {url}/v2/models/stats
-  gRPC (KServe v2 / Triton): {host}:{server.grpc_port}    metrics (Prometheus): http://{host}:{server.metrics_port}/metrics
+  gRPC (KServe v2 / Triton): {server.grpc_address}    metrics (Prometheus): {server.metrics_url}
 
 Try it with curl:
   curl -s -X POST {url}/v2/models/add_sub/infer -H 'Content-Type: application/json' \\

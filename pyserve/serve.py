@@ -263,11 +263,18 @@ class Serve:
         """Base URL of the HTTP front end, e.g. ``http://127.0.0.1:8000``."""
         return f"http://{self.config.host}:{self.http_port}"
 
+    @property
+    def grpc_address(self) -> str:
+        """Address of the gRPC front end, e.g. ``127.0.0.1:8001``."""
+        return f"{self.config.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """URL of the Prometheus metrics page, e.g. ``http://127.0.0.1:8002/metrics``."""
+        return f"http://{self.config.host}:{self.metrics_port}/metrics"
+
     def _endpoints(self) -> str:
-        host = self.config.host
-        return (
-            f"HTTP on {self.url}, gRPC on {host}:{self.grpc_port}, metrics on http://{host}:{self.metrics_port}/metrics"
-        )
+        return f"HTTP on {self.url}, gRPC on {self.grpc_address}, metrics on {self.metrics_url}"
 
     def __enter__(self) -> Serve:
         try:

@@ -123,5 +123,5 @@ def log_settings(level: str = "WARNING", log_format: str = "default") -> LogSett
     if output is None:
         return LogSettings(LogLevels(level), log_format)
     if _settings is None or _settings.handler is not output.handler:
-        _settings = LogSettings(output.levels, output.log_format, output.handler)
+        _settings = LogSettings(output.levels, log_format, output.handler)
     return _settings

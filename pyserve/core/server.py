@@ -167,10 +167,9 @@ class CoreServer:
             # The parent may have died before its pidfd was opened (and its pid been reused): look once more.
             if self.parent_pid and os.getppid() != self.parent_pid:
                 self._parent_gone()
-            while not self._stopping.is_set():
-                if parent_fd is not None or not self.parent_pid:
-                    await self._stopping.wait()
-                    break
+            if parent_fd is not None or not self.parent_pid:
+                await self._stopping.wait()
+            while not self._stopping.is_set():  # no pidfd here: look at the parent now and then
                 try:
                     await asyncio.wait_for(self._stopping.wait(), _PARENT_CHECK_S)
                 except asyncio.TimeoutError:

@@ -96,9 +96,9 @@ def placement(devices: tuple[str, ...], index: int) -> tuple[str, dict[str, str]
 class Supervisor:
     """Starts, watches and restarts worker processes; tells the core when one exits.
 
-    Given the event loop it runs on, it watches exits and times restarts itself; without one the owner calls
-    ``poll()``. Each worker holds the read end of a pipe whose write end only this process holds (``--parent-fd``):
-    end-of-file on it tells the worker that its core is gone.
+    It watches exits (pidfds) and times restarts on the event loop it runs on. Each worker holds the read end of a
+    pipe whose write end only this process holds (``--parent-fd``): end-of-file on it tells the worker that its
+    core is gone.
     """
 
     def __init__(
@@ -108,8 +108,8 @@ class Supervisor:
         shm_threshold: int,
         shm_limit: int,
         on_exit: Callable[[WorkerProcess, int], None],
+        loop: asyncio.AbstractEventLoop,
         debug_errors: bool = False,
-        loop: asyncio.AbstractEventLoop | None = None,
         stage_times: bool = False,
         cancel_address: str = "",
     ) -> None:
@@ -167,12 +167,10 @@ class Supervisor:
         worker.restart_at = None
         if worker not in self.workers:
             self.workers.append(worker)
-        if self._loop is not None:
-            fd = open_pidfd(worker.process.pid)  # not reaped yet, so it exists
-            if fd is not None:
-                worker.exit_fd = fd
-                self._loop.add_reader(fd, self.poll)
-            self._arm()
+        fd = open_pidfd(worker.process.pid)  # not reaped yet, so it exists
+        if fd is not None:
+            worker.exit_fd = fd
+            self._loop.add_reader(fd, self.poll)
 
     def add(
         self, model: str, version: int, count: int, devices: tuple[str, ...], payload_path: str
@@ -184,6 +182,7 @@ class Supervisor:
             worker = WorkerProcess(model, version, index, device, payload_path, extra={"env": env})
             self.spawn(worker)
             started.append(worker)
+        self._arm()
         return started
 
     def find(self, pid: int) -> WorkerProcess | None:
@@ -255,15 +254,12 @@ class Supervisor:
 
     def _unwatch(self, worker: WorkerProcess) -> None:
         if worker.exit_fd >= 0:
-            if self._loop is not None:
-                self._loop.remove_reader(worker.exit_fd)
+            self._loop.remove_reader(worker.exit_fd)
             os.close(worker.exit_fd)
             worker.exit_fd = -1
 
     def _arm(self) -> None:
         """Set the one timer poll() needs: the next due restart, or the next look at processes no pidfd watches."""
-        if self._loop is None:
-            return
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -109,8 +109,8 @@ class WorkerControl:
             config.shm_threshold_bytes,
             config.shm_pool_bytes,
             self._on_process_exit,
+            loop,
             debug_errors=config.debug_errors,
-            loop=loop,
             stage_times=bool(config.stage_times),
             cancel_address=self._batches.cancel_address,
         )

@@ -99,10 +99,10 @@ class LogLevels(logging.Filter):
 
 @dataclass(frozen=True, slots=True)
 class LogOutput:
-    """What ``configure_logging`` installed: the stderr handler, its format name and its level switches."""
+    """What ``configure_logging`` installed: the stderr handler and its level switches (the format is the caller's
+    ``log_format``; ``pyserve.core.logs.LogSettings`` keeps the current one)."""
 
     handler: logging.Handler
-    log_format: str
     levels: LogLevels
 
 
@@ -121,7 +121,7 @@ def configure_logging(level: str = "WARNING", log_format: str = "default") -> Lo
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(levels.root_level())
-    _installed = LogOutput(handler, log_format, levels)
+    _installed = LogOutput(handler, levels)
     # Process workers the core spawns read these (ServeConfig's own environment names).
     os.environ["PYSERVE_LOG_LEVEL"] = level
     os.environ["PYSERVE_LOG_FORMAT"] = log_format

@@ -95,6 +95,8 @@ class InstanceRunner:
         self._shm_threshold = shm_threshold
         self._shm_limit = shm_limit
         self._outputs = {t.name: t for t in spec.outputs}
+        # Declared outputs every response must carry (the rest are optional).
+        self._required = tuple(t.name for t in spec.outputs if not t.optional)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._parent_pid = parent_pid
         # ServeConfig.debug_errors: error messages of failed batches carry the traceback.
@@ -424,7 +426,7 @@ class InstanceRunner:
                 )
             requested = request.requested_output_names
             # A request naming its outputs needs exactly those; otherwise every declared output not optional.
-            missing = [name for name in requested if name not in outputs] if requested else self._missing(outputs)
+            missing = [name for name in (requested or self._required) if name not in outputs]
             if missing:
                 raise self._missing_error("requested" if requested else "declared", missing, outputs)
             descriptors: list[TensorDescriptor] = []
@@ -443,9 +445,6 @@ class InstanceRunner:
                 descriptors.append([name, declared.datatype, list(array.shape), writer.add_array(array)])
             encoded.append(descriptors)
         return encoded
-
-    def _missing(self, outputs: dict[Any, Any]) -> list[str]:
-        return [t.name for t in self.spec.outputs if not t.optional and t.name not in outputs]
 
     def _missing_error(self, kind: str, missing: list[str], outputs: dict[Any, Any]) -> OutputMismatchError:
         noun = "output" if len(missing) == 1 else "outputs"
