@@ -82,7 +82,7 @@ class BatchesInFlight:
 
     def start_cancel_publisher(self, router_address: str, loop: asyncio.AbstractEventLoop) -> None:
         """Bind the socket that tells instances which requests of their batch were cancelled, next to the worker
-        socket (its address is ``cancel_address``, sent to each instance in its ``welcome``).
+        socket (its address is ``cancel_address``: instances get it when they start, and in their ``welcome``).
 
         It is an XPUB socket: each new subscription is answered with a sync message, which tells the subscriber
         that it is connected and will hear every cancel from now on (a plain PUB drops what it publishes before a

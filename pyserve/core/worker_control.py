@@ -3,8 +3,8 @@
 From ``Serve``'s control socket: ``load`` (a model version: registered with its scheduler; for process instances,
 their processes are started and the answer waits until all of them said hello), ``load_ensemble``, ``unload``
 (queued requests fail, instances are told to stop) and ``serving`` (what was bound before start is loaded: from
-now on readiness is the models' own). From each instance: ``hello`` (it serves a model version: it is
-``welcome``d with the cancel publisher's address and joins its model's scheduler, idle) and ``bye``. An instance
+now on readiness is the models' own). From each instance: ``hello`` (it serves a model version, and has
+subscribed to the cancel publisher: it is ``welcome``d and joins its model's scheduler, idle) and ``bye``. An instance
 that leaves or whose process dies takes its batches with it: their requests fail with ``WorkerDiedError``. A
 process that dies is restarted after a backoff (``Supervisor``), unless its model never became ready: then the
 load fails with the reason.

@@ -164,6 +164,7 @@ class InstanceRunner:
                 elif kind == MessageKind.WELCOME:
                     cancel_address = Welcome(header).cancel_address
                     if cancel_address and self._cancel is None:
+                        # Only an instance started without the address (a worker run by hand) subscribes this late.
                         self._cancel = acquire_listener(cancel_address)
                         if not wait_synced(self._cancel, list(wake_fds)):
                             return  # stopped (or the core died) while the subscription was being confirmed
