@@ -27,13 +27,24 @@ def clean_environment(**extra: str) -> dict[str, str]:
     return env
 
 
+# Every listener on a free port.
+FREE_PORTS = ("--http-port", "0", "--grpc-port", "0", "--metrics-port", "0")
+
+
 def pyserve_command(*args: str) -> list[str]:
     """The ``pyserve`` command line, run with this interpreter."""
     return [sys.executable, "-m", "pyserve.cli", *args]
 
 
 class RunningCommand:
-    """A subprocess with stdout and stderr merged; ``close()`` kills it if it still runs (call it in a finally)."""
+    """A subprocess with stdout and stderr merged; ``close()`` (or leaving its ``with`` block) kills it if it still
+    runs."""
+
+    def __enter__(self) -> RunningCommand:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def __init__(self, command: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> None:
         self.process = subprocess.Popen(

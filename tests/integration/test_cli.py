@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import http.client
 import socket
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,12 +18,11 @@ import tritonclient.http as triton_http
 from pyserve import Serve, ServeConfig
 from pyserve.errors import ServerError
 
-from .cli_process import SERVING_LINE, RunningCommand, clean_environment, pyserve_command
+from .cli_process import FREE_PORTS, SERVING_LINE, RunningCommand, pyserve_command
 
 pytestmark = pytest.mark.integration
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "cli"
-FREE_PORTS = ("--http-port", "0", "--grpc-port", "0", "--metrics-port", "0")
 ADD_SUB_TENSORS = (
     *("--input", "INPUT0:FP32:-1", "--input", "INPUT1:fp32:-1"),
     *("--output", "OUTPUT0:float32:-1", "--output", "OUTPUT1:FP32:-1"),
@@ -91,8 +89,8 @@ def run_until_serving(command: RunningCommand) -> tuple[int, int, int]:
 def test_port_option_keeps_the_rest_of_the_module_config(tmp_path: Path) -> None:
     (tmp_path / "small_limit.py").write_text(SMALL_LIMIT_APP)
     wanted = free_port()
-    command = RunningCommand(pyserve_command("serve", "small_limit:server", "--http-port", str(wanted)), tmp_path)
-    try:
+    command_line = pyserve_command("serve", "small_limit:server", "--http-port", str(wanted))
+    with RunningCommand(command_line, tmp_path) as command:
         http_port, grpc_port, metrics_port = run_until_serving(command)
         assert http_port == wanted
         # The module's grpc_port=0 and metrics_port=0 stand: not ServeConfig's 8001 and 8002.
@@ -102,8 +100,6 @@ def test_port_option_keeps_the_rest_of_the_module_config(tmp_path: Path) -> None
         assert status == 413, body
         command.terminate()
         assert command.finish() == 0
-    finally:
-        command.close()
 
 
 # 2. a port that cannot be bound: named in one line, no traceback ---------------------------------------------------
@@ -114,13 +110,9 @@ def test_port_option_keeps_the_rest_of_the_module_config(tmp_path: Path) -> None
 def test_busy_port_is_one_line_naming_the_listener(listener: str, busy_port: int) -> None:
     option = {"HTTP": "--http-port", "gRPC": "--grpc-port", "metrics": "--metrics-port"}[listener]
     ports = {"--http-port": "0", "--grpc-port": "0", "--metrics-port": "0", option: str(busy_port)}
-    command = RunningCommand(
-        pyserve_command("serve", "app:server", *(item for pair in ports.items() for item in pair)), EXAMPLES
-    )
-    try:
+    command_line = pyserve_command("serve", "app:server", *(item for pair in ports.items() for item in pair))
+    with RunningCommand(command_line, EXAMPLES) as command:
         assert command.finish(60) == 1
-    finally:
-        command.close()
     expected = f"pyserve: error: cannot listen for {listener} on 127.0.0.1:{busy_port}: Address already in use"
     errors = [line for line in command.lines if line.startswith("pyserve: error:")]
     assert len(errors) == 1 and errors[0].startswith(expected), command.output
@@ -139,13 +131,10 @@ def test_serve_raises_server_error_naming_the_busy_grpc_port(busy_port: int) -> 
 
 
 def test_pyserve_errors_are_printed_without_a_traceback() -> None:
-    command = RunningCommand(
+    with RunningCommand(
         pyserve_command("serve", "functions:add_sub", *ADD_SUB_TENSORS, "--max-batch-size", "-1"), EXAMPLES
-    )
-    try:
+    ) as command:
         assert command.finish() == 1
-    finally:
-        command.close()
     assert command.lines == ["pyserve: error: max_batch_size must be >= 0, got -1"], command.output
 
 
@@ -154,11 +143,10 @@ def test_pyserve_errors_are_printed_without_a_traceback() -> None:
 
 @pytest.mark.timeout(90)
 def test_function_decorated_with_batch_is_served_from_the_command_line() -> None:
-    command = RunningCommand(
+    with RunningCommand(
         pyserve_command("serve", "functions:add_sub", *ADD_SUB_TENSORS, "--max-batch-size", "64", *FREE_PORTS),
         EXAMPLES,
-    )
-    try:
+    ) as command:
         http_port, _, _ = run_until_serving(command)
         client = triton_http.InferenceServerClient(f"127.0.0.1:{http_port}")
         a = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.float32)
@@ -172,15 +160,12 @@ def test_function_decorated_with_batch_is_served_from_the_command_line() -> None
         client.close()
         command.terminate()
         assert command.finish() == 0
-    finally:
-        command.close()
 
 
 @pytest.mark.timeout(90)
 def test_plain_function_is_served_under_the_model_name_given() -> None:
     tensors = ("--input", "NAME:BYTES:-1", "--output", "GREETING:bytes:-1", "--model-name", "hello")
-    command = RunningCommand(pyserve_command("serve", "functions:greet", *tensors, *FREE_PORTS), EXAMPLES)
-    try:
+    with RunningCommand(pyserve_command("serve", "functions:greet", *tensors, *FREE_PORTS), EXAMPLES) as command:
         http_port, _, _ = run_until_serving(command)
         doc = {"inputs": [{"name": "NAME", "shape": [2], "datatype": "BYTES", "data": ["ann", "bob"]}]}
         status, body = post(http_port, "/v2/models/hello/infer", orjson.dumps(doc))
@@ -189,8 +174,6 @@ def test_plain_function_is_served_under_the_model_name_given() -> None:
         assert output["name"] == "GREETING" and output["data"] == ["hello ann", "hello bob"]
         command.terminate()
         assert command.finish() == 0
-    finally:
-        command.close()
 
 
 @pytest.mark.parametrize(
@@ -207,27 +190,21 @@ def test_plain_function_is_served_under_the_model_name_given() -> None:
     ],
 )
 def test_what_cannot_be_served_is_a_usage_error(arguments: list[str], expected: str) -> None:
-    command = RunningCommand(pyserve_command("serve", *arguments), EXAMPLES)
-    try:
+    with RunningCommand(pyserve_command("serve", *arguments), EXAMPLES) as command:
         assert command.finish() == 2
-    finally:
-        command.close()
     assert expected in command.output, command.output
     assert "Traceback" not in command.output, command.output
 
 
 @pytest.mark.timeout(90)
 def test_quickstart_module_serves_once_and_one_sigterm_ends_it() -> None:
-    command = RunningCommand(pyserve_command("serve", "quickstart", *FREE_PORTS), EXAMPLES)
-    try:
+    with RunningCommand(pyserve_command("serve", "quickstart", *FREE_PORTS), EXAMPLES) as command:
         http_port, grpc_port, _ = run_until_serving(command)
         client = triton_http.InferenceServerClient(f"127.0.0.1:{http_port}")
         assert client.is_server_ready()
         client.close()
         command.terminate()
         assert command.finish(10) == 0
-    finally:
-        command.close()
     assert sum(1 for line in command.lines if SERVING_LINE.search(line)) == 1, command.output
     assert not is_listening(http_port) and not is_listening(grpc_port)
 
@@ -235,14 +212,11 @@ def test_quickstart_module_serves_once_and_one_sigterm_ends_it() -> None:
 @pytest.mark.timeout(90)
 def test_module_started_on_import_is_served_until_a_signal(tmp_path: Path) -> None:
     module = SMALL_LIMIT_APP + "server.run()\n"
-    (tmp_path / "started.py").write_text(textwrap.dedent(module))
-    command = RunningCommand(pyserve_command("serve", "started"), tmp_path, clean_environment())
-    try:
+    (tmp_path / "started.py").write_text(module)
+    with RunningCommand(pyserve_command("serve", "started"), tmp_path) as command:
         http_port, _, _ = run_until_serving(command)
         assert post(http_port, "/v2/models/identity/infer", identity_request(4))[0] == 200
         command.terminate()
         assert command.finish(10) == 0
-    finally:
-        command.close()
     assert sum(1 for line in command.lines if SERVING_LINE.search(line)) == 1, command.output
     assert not is_listening(http_port)

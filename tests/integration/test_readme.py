@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from .cli_process import SERVING_LINE, RunningCommand, clean_environment, pyserve_command
+from .cli_process import FREE_PORTS, SERVING_LINE, RunningCommand, clean_environment, pyserve_command
 
 pytestmark = pytest.mark.integration
 
@@ -44,8 +44,7 @@ def add_sub_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     """``host:port`` of a running server with add_sub: ``pyserve demo``, or the README's Quickstart saved as a file."""
     folder = tmp_path_factory.mktemp(request.param)
     if request.param == "demo":
-        ports = ("--http-port", "0", "--grpc-port", "0", "--metrics-port", "0")
-        command = RunningCommand(pyserve_command("demo", *ports), folder)
+        command = RunningCommand(pyserve_command("demo", *FREE_PORTS), folder)
         pattern = DEMO_BANNER
     else:
         (folder / "add_sub.py").write_text(readme_block("quickstart") + "\n")
@@ -94,8 +93,7 @@ def test_curl_snippet(add_sub_server: str) -> None:
 
 @pytest.mark.timeout(90)
 def test_demo_banner_names_every_endpoint(tmp_path: Path) -> None:
-    ports = ("--http-port", "0", "--grpc-port", "0", "--metrics-port", "0")
-    command = RunningCommand(pyserve_command("demo", *ports), tmp_path)
+    command = RunningCommand(pyserve_command("demo", *FREE_PORTS), tmp_path)
     try:
         command.wait_for(DEMO_BANNER)
         metrics = command.wait_for(r"metrics \(Prometheus\): (http://127\.0\.0\.1:\d+/metrics)").group(1)

@@ -130,6 +130,14 @@ def test_close_unlinks_every_segment(prefix: str) -> None:
 
 
 @pytest.fixture
+def reader() -> Iterator[ShmReader]:
+    """A reader, closed afterwards."""
+    mapped = ShmReader()
+    yield mapped
+    mapped.close()
+
+
+@pytest.fixture
 def large_pool(prefix: str) -> Iterator[ShmPool]:
     """A pool that keeps at most two free large slots' worth of bytes (segments stay sparse: nothing is written)."""
     owner = ShmPool(prefix, 1 << 30, retain_bytes=2 * LARGE_SLOT_BYTES)
@@ -190,55 +198,43 @@ def mappings_of(name: str) -> int:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
-def test_reader_does_not_cache_large_segments(large_pool: ShmPool, prefix: str) -> None:
+def test_reader_does_not_cache_large_segments(large_pool: ShmPool, reader: ShmReader) -> None:
     slot = large_pool.allocate(LARGE_SLOT_BYTES)
     assert slot is not None
     slot.buffer[:4] = b"abcd"
-    reader = ShmReader()
-    try:
-        view = reader.view(slot.name, 4)
-        assert bytes(view) == b"abcd"
-        assert reader._maps == {}
-        assert mappings_of(slot.name) == 2  # the pool's mapping and the reader's
-        view.release()
-        # The last view gone, the reader's mapping is too: an owner that unlinks the segment frees its memory.
-        assert mappings_of(slot.name) == 1
-    finally:
-        reader.close()
+    view = reader.view(slot.name, 4)
+    assert bytes(view) == b"abcd"
+    assert reader._maps == {}
+    assert mappings_of(slot.name) == 2  # the pool's mapping and the reader's
+    view.release()
+    # The last view gone, the reader's mapping is too: an owner that unlinks the segment frees its memory.
+    assert mappings_of(slot.name) == 1
 
 
-def test_reader_sees_what_the_pool_wrote(pool: ShmPool) -> None:
+def test_reader_sees_what_the_pool_wrote(pool: ShmPool, reader: ShmReader) -> None:
     slot = pool.allocate(16)
     assert slot is not None
     slot.buffer[:5] = b"hello"
-    reader = ShmReader()
-    try:
-        view = reader.view(slot.name, 5)
-        assert bytes(view) == b"hello"
-        slot.buffer[:5] = b"world"  # same memory: later writes are visible through the view
-        assert bytes(view) == b"world"
-        view[0:1] = b"W"  # and the view is writable
-        assert slot.buffer[:5] == b"World"
-        view.release()
-    finally:
-        reader.close()
+    view = reader.view(slot.name, 5)
+    assert bytes(view) == b"hello"
+    slot.buffer[:5] = b"world"  # same memory: later writes are visible through the view
+    assert bytes(view) == b"world"
+    view[0:1] = b"W"  # and the view is writable
+    assert slot.buffer[:5] == b"World"
+    view.release()
 
 
-def test_reader_maps_each_segment_once(pool: ShmPool) -> None:
+def test_reader_maps_each_segment_once(pool: ShmPool, reader: ShmReader) -> None:
     slot = pool.allocate(16)
     assert slot is not None
     slot.buffer[:4] = b"abcd"
-    reader = ShmReader()
-    try:
-        first = reader.view(slot.name, 2)
-        second = reader.view(slot.name, 4)
-        assert bytes(first) == b"ab"
-        assert bytes(second) == b"abcd"
-        assert len(reader._maps) == 1
-        first.release()
-        second.release()
-    finally:
-        reader.close()
+    first = reader.view(slot.name, 2)
+    second = reader.view(slot.name, 4)
+    assert bytes(first) == b"ab"
+    assert bytes(second) == b"abcd"
+    assert len(reader._maps) == 1
+    first.release()
+    second.release()
 
 
 def test_reader_forget_drops_mappings_of_a_prefix(pool: ShmPool, prefix: str) -> None:
