@@ -300,6 +300,12 @@ class ServeConfig:
     exception's type and message; ``debug_errors`` (``PYSERVE_DEBUG_ERRORS=1``) sends the traceback too, which
     shows the server's file paths and source lines, so keep it off where clients are not trusted.
 
+    Model repository (docs/repository.md): ``model_repository`` names a Triton-layout directory whose models are
+    served beside the bound ones; ``model_control_mode`` is tritonserver's ``none`` (load all at start), ``explicit``
+    (load the ``load_model`` names at start, ``*`` for all, the rest through the load/unload requests) or ``poll``
+    (reload what changed every ``repository_poll_secs``); ``strict_model_config`` False completes a missing or partial
+    config.pbtxt from the model file; ``repository_hooks`` names load hooks as ``module:function``.
+
     Latency (docs/architecture.md): after sending a batch to an instance, the core polls for its reply for up to
     ``reply_spin_us`` microseconds before sleeping (only while batches are in flight: an idle server does not spin);
     0 turns it off, trading some latency at low concurrency for less CPU. ``stage_times``
@@ -329,8 +335,25 @@ class ServeConfig:
     debug_errors: bool = False
     reply_spin_us: int = 400
     stage_times: str = ""
+    model_repository: str = ""
+    model_control_mode: str = "none"
+    repository_poll_secs: float = 15.0
+    load_model: tuple[str, ...] = ()
+    strict_model_config: bool = False
+    repository_hooks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for name in ("load_model", "repository_hooks"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
+        if self.model_control_mode not in ("none", "explicit", "poll"):
+            raise ConfigError(
+                f"model_control_mode must be 'none', 'explicit' or 'poll', got {self.model_control_mode!r}"
+            )
+        if self.repository_poll_secs <= 0:
+            raise ConfigError(f"repository_poll_secs must be > 0, got {self.repository_poll_secs}")
+        if self.load_model and self.model_control_mode != "explicit":
+            raise ConfigError("load_model names the models to load at start in model_control_mode 'explicit' only")
         if self.transport not in ("ipc", "tcp"):
             raise ConfigError(f"transport must be 'ipc' or 'tcp', got {self.transport!r}")
         for name in ("http_port", "grpc_port", "metrics_port"):
@@ -359,7 +382,10 @@ class ServeConfig:
             if raw is not None:
                 kind: type[Any] = type(field.default)
                 try:
-                    values[field.name] = _parse_bool(raw) if kind is bool else kind(raw)
+                    if kind is tuple:  # a comma-separated list
+                        values[field.name] = tuple(item.strip() for item in raw.split(",") if item.strip())
+                    else:
+                        values[field.name] = _parse_bool(raw) if kind is bool else kind(raw)
                 except ValueError as exc:
                     raise ConfigError(f"PYSERVE_{field.name.upper()}={raw!r}: expected {kind.__name__}") from exc
         values.update(overrides)

@@ -13,6 +13,7 @@ PyServeError
 │   ├── RequestTimeoutError      503 / DEADLINE_EXCEEDED: the request waited past its timeout
 │   ├── CancelledError           499 / CANCELLED: the client went away
 │   ├── UnsupportedError         501 / UNIMPLEMENTED: valid request this server cannot serve
+│   ├── ModelLoadError           400 / INVALID_ARGUMENT: a repository model failed to load or unload
 │   ├── ModelExecutionError      500 / INTERNAL: the user's function raised (type and message)
 │   │   └── OutputMismatchError  500 / INTERNAL: a model returned a missing or (strict) wrong output
 │   ├── WorkerDiedError          500 / INTERNAL: the instance running the request died
@@ -102,6 +103,13 @@ class UnsupportedError(InferenceError):
     grpc_code = "UNIMPLEMENTED"
 
 
+class ModelLoadError(InferenceError):
+    """A repository model could not be loaded or unloaded (its config, files or instances); the message says why."""
+
+    http_status = 400
+    grpc_code = "INVALID_ARGUMENT"
+
+
 class ModelExecutionError(InferenceError):
     """The model's infer function raised; the message names the exception (and has its traceback with
     ServeConfig.debug_errors)."""
@@ -144,6 +152,7 @@ _BY_NAME: dict[str, type[InferenceError]] = {
         RequestTimeoutError,
         CancelledError,
         UnsupportedError,
+        ModelLoadError,
         ModelExecutionError,
         OutputMismatchError,
         WorkerDiedError,

@@ -34,6 +34,7 @@ from pyserve.core.supervisor import open_pidfd
 from pyserve.ensemble import EnsembleSpec, Step, check_models, spec_lookup
 from pyserve.errors import ConfigError, ModelAlreadyBoundError, ServerError
 from pyserve.transport.messages import pack_header, unpack_header
+from pyserve.transport.payload import build_payload
 from pyserve.transport.protocol import ControlReply, Header, Load, LoadEnsemble, Serving, kind_of
 from pyserve.transport.shm import remove_segments
 from pyserve.worker.instance import InstanceRunner
@@ -120,7 +121,7 @@ class Serve:
                     f"{config.instances}"
                 )
             spec = dataclasses.replace(spec, config=dataclasses.replace(config, instances=len(functions)))
-        payload = _pickle_for_processes(spec, functions) if config.worker is WorkerKind.PROCESS else None
+        payload = build_payload(spec, functions) if config.worker is WorkerKind.PROCESS else None
         key = (model_name, model_version)
         if key in self._models:
             raise ModelAlreadyBoundError(f"model '{model_name}' version {model_version} is already bound")
@@ -496,20 +497,3 @@ def _wait_for_exit(process: subprocess.Popen[bytes]) -> None:
     finally:
         if exit_fd is not None:
             os.close(exit_fd)
-
-
-def _pickle_for_processes(spec: ModelSpec, functions: list[Callable[..., Any]]) -> bytes:
-    """The payload a process instance loads: the spec and the callable(s), pickled with cloudpickle."""
-    import cloudpickle
-
-    try:
-        functions_blob = cloudpickle.dumps(functions)
-    except Exception as exc:
-        raise ConfigError(
-            f"model '{spec.name}': the infer function cannot be pickled for worker='process' ({exc}). "
-            "Bind a class instead (the factory form): it is instantiated inside each worker process, and its "
-            "setup(device) method, if any, loads the model there."
-        ) from exc
-    # The worker extends its sys.path like ours before unpickling, so classes from the user's modules import.
-    payload = {"spec": spec.to_wire(), "sys_path": list(sys.path), "functions": functions_blob}
-    return cloudpickle.dumps(payload)  # type: ignore[no-any-return]

@@ -74,6 +74,23 @@ class StageRecorder(Protocol):
         ...
 
 
+class RepositoryControls(Protocol):
+    """Triton's model repository endpoints (``pyserve.core.repository_control.RepositoryControl``)."""
+
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """The repository index: name, version, state and reason of each model."""
+        ...
+
+    async def request_load(self, name: str, config: str | None, files: Mapping[str, bytes]) -> None:
+        """Load or reload a model (``config``: a JSON config to use instead of config.pbtxt; ``files``: path in
+        the model directory -> content). Raises ModelLoadError / UnsupportedError with the reason."""
+        ...
+
+    async def request_unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload a model once it has answered what it accepted."""
+        ...
+
+
 class CoreApi:
     """The core, as a front end sees it.
 
@@ -86,13 +103,24 @@ class CoreApi:
       instance).
     - ``models``: the bound model versions (``ModelsView``); ``tracing`` and ``logs``: the settings endpoints.
     - ``metrics_page()``: the Prometheus page, built when called (``METRICS_CONTENT_TYPE``).
+    - ``repository``: the repository index, load and unload (``RepositoryControls``).
     - ``stage_times``: the stage-times recorder (``StageRecorder``), None unless ``ServeConfig.stage_times`` is on.
 
     The members are the core's own bound methods and objects, so calling through this object costs what calling
     the core directly would.
     """
 
-    __slots__ = ("cancel", "is_ready", "logs", "metrics_page", "models", "stage_times", "submit", "tracing")
+    __slots__ = (
+        "cancel",
+        "is_ready",
+        "logs",
+        "metrics_page",
+        "models",
+        "repository",
+        "stage_times",
+        "submit",
+        "tracing",
+    )
 
     def __init__(
         self,
@@ -104,6 +132,7 @@ class CoreApi:
         tracing: TracingControls,
         logs: LogControls,
         metrics_page: Callable[[], bytes],
+        repository: RepositoryControls,
         stage_times: StageRecorder | None = None,
     ) -> None:
         self.submit = submit
@@ -114,6 +143,7 @@ class CoreApi:
         self.logs = logs
         self.metrics_page = metrics_page
         self.stage_times = stage_times
+        self.repository = repository
 
     def is_live(self) -> bool:
         """Whether the core answers: always, while its loop runs (anything that can ask, gets True)."""

@@ -35,6 +35,7 @@ from pyserve.core.inference import Instance, ModelEntry
 from pyserve.core.logs import log_settings
 from pyserve.core.metrics_collector import CoreMetrics
 from pyserve.core.registry import Registry
+from pyserve.core.repository_control import RepositoryControl
 from pyserve.core.request_flow import RequestFlow, fail
 from pyserve.core.stage_times import stage_times
 from pyserve.core.supervisor import open_pidfd
@@ -75,6 +76,7 @@ class CoreServer:
         self._spin_until_ns = 0
         self._spinning = False
         self._stopping: asyncio.Event | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool = ShmPool(f"{shm_prefix}-core", config.shm_pool_bytes)
         self._reader = ShmReader()
@@ -119,6 +121,7 @@ class CoreServer:
             send=self._send,
             is_stopping=self._is_stopping,
         )
+        self.repository = RepositoryControl(config, self.registry, self.workers)
         self.api = CoreApi(
             submit=self.requests.submit,
             cancel=self.requests.cancel,
@@ -128,11 +131,13 @@ class CoreServer:
             logs=self.logs,
             metrics_page=self.metrics.render,
             stage_times=self.stage_times,
+            repository=self.repository,
         )
         # Bound once: the router runs for every message.
         self._on_result = self.batches.on_result
         self._on_bls = self.bls.on_message
-        self._control = self.workers.handlers
+        self._control = dict(self.workers.handlers)
+        self._control[MessageKind.SERVING] = self._on_serving
 
     # lifecycle ------------------------------------------------------------------------------------------------
 
@@ -151,6 +156,18 @@ class CoreServer:
         self._loop.add_reader(socket.fileno(), self._drain)
         self.batches.start_cancel_publisher(self.router_address, self._loop)
         self.workers.start(self.router_address, self._loop)
+        self.repository.start()
+
+    def _on_serving(self, identity: bytes, header: Header) -> None:
+        # Serve loaded what it bound before start; the answer waits for the repository's models loaded at start.
+        async def answer() -> None:
+            await self.repository.started()
+            self.workers.on_serving(identity, header)
+
+        assert self._loop is not None
+        task = self._loop.create_task(answer())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def wait_stopped(self) -> None:
         """Run until stop() or the parent process goes away (watched through a pidfd: no wake-ups while idle)."""
@@ -198,6 +215,7 @@ class CoreServer:
                 for request in entry.scheduler.drain():
                     fail(request, ModelNotReadyError("the server is shutting down"))
         self.batches.fail_all(ModelNotReadyError("the server is shutting down"))
+        self.repository.close()
         self.workers.close()
         self.batches.close()
         if self._socket is not None and self._loop is not None:

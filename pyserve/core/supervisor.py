@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyserve.core.inference import ModelEntry
+
 logger = logging.getLogger(__name__)
 
 BACKOFF_START_S = 0.5
@@ -50,6 +52,8 @@ class WorkerProcess:
     last_pid: int = 0
     exit_fd: int = -1
     extra: dict[str, Any] = field(default_factory=dict)
+    # The model version this process serves (its hello joins it; a reload runs two of the same name and number).
+    entry: ModelEntry | None = None
 
     @property
     def pid(self) -> int:
@@ -172,14 +176,14 @@ class Supervisor:
             worker.exit_fd = fd
             self._loop.add_reader(fd, self.poll)
 
-    def add(
-        self, model: str, version: int, count: int, devices: tuple[str, ...], payload_path: str
-    ) -> list[WorkerProcess]:
-        """Start ``count`` instances of a model, placed round-robin on ``devices``."""
+    def add(self, entry: ModelEntry, count: int, devices: tuple[str, ...], payload_path: str) -> list[WorkerProcess]:
+        """Start ``count`` instances of a model version, placed round-robin on ``devices``."""
         started = []
         for index in range(count):
             device, env = placement(devices, index)
-            worker = WorkerProcess(model, version, index, device, payload_path, extra={"env": env})
+            worker = WorkerProcess(
+                entry.name, entry.version, index, device, payload_path, extra={"env": env}, entry=entry
+            )
             self.spawn(worker)
             started.append(worker)
         self._arm()
@@ -222,9 +226,9 @@ class Supervisor:
         self._arm()
         return delay
 
-    def remove_model(self, model: str, version: int) -> None:
+    def remove_entry(self, entry: ModelEntry) -> None:
         """Stop and forget every worker of a model version."""
-        doomed = [w for w in self.workers if w.model == model and w.version == version]
+        doomed = [w for w in self.workers if w.entry is entry]
         self.workers = [w for w in self.workers if w not in doomed]
         for worker in doomed:
             self._unwatch(worker)

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 
-from pyserve.config import ServeConfig, WorkerKind
+from pyserve.config import ModelSpec, ServeConfig, WorkerKind
 from pyserve.core.batches import BatchesInFlight, Send
 from pyserve.core.bls_broker import BlsBroker
 from pyserve.core.ensemble_executor import load_ensemble
@@ -30,7 +30,15 @@ from pyserve.core.request_flow import deliver, fail, reject
 from pyserve.core.response_orderer import ResponseOrderer
 from pyserve.core.scheduler import ModelScheduler
 from pyserve.core.supervisor import Supervisor, WorkerProcess, describe_exit
-from pyserve.errors import ConfigError, InferenceError, ModelNotReadyError, PyServeError, WorkerDiedError
+from pyserve.errors import (
+    ConfigError,
+    InferenceError,
+    ModelAlreadyBoundError,
+    ModelNotReadyError,
+    PyServeError,
+    WorkerDiedError,
+)
+from pyserve.transport.payload import error_path
 from pyserve.transport.protocol import (
     ControlReply,
     Header,
@@ -47,6 +55,10 @@ from pyserve.transport.protocol import (
 from pyserve.transport.shm import ShmReader, remove_segments
 
 logger = logging.getLogger(__name__)
+
+# How long a replaced or unloaded model version may take to answer what it accepted, and how often it is looked at.
+RETIRE_TIMEOUT_S = 60.0
+_RETIRE_POLL_S = 0.05
 
 Handler = Callable[[bytes, Header], None]
 
@@ -87,15 +99,16 @@ class WorkerControl:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._supervisor: Supervisor | None = None
         self._work_dir = ""
-        # (model, version) -> (control identity, request id) of a load waiting for its process instances.
-        self._loading: dict[tuple[str, int], tuple[bytes, int]] = {}
+        # A model version whose process instances are starting -> what to call once they all said hello.
+        self._loading: dict[ModelEntry, Callable[[str | None], None]] = {}
+        self._payloads = 0
         self.handlers: dict[str, Handler] = {
             MessageKind.HELLO: self._on_hello,
             MessageKind.BYE: self._on_bye,
             MessageKind.LOAD: self._on_load,
             MessageKind.LOAD_ENSEMBLE: self._on_load_ensemble,
             MessageKind.UNLOAD: self._on_unload,
-            MessageKind.SERVING: self._on_serving,
+            MessageKind.SERVING: self.on_serving,
         }
 
     def start(self, router_address: str, loop: asyncio.AbstractEventLoop) -> None:
@@ -130,23 +143,55 @@ class WorkerControl:
 
     def _on_load(self, identity: bytes, header: Header) -> None:
         load = Load(header)
-        payload = load.payload
+
+        def answer(error: str | None) -> None:
+            reply = (
+                ControlReply.build_ok(load.request_id)
+                if error is None
+                else ControlReply.build_error(load.request_id, error)
+            )
+            self._send(identity, reply, None)
+
         try:
             spec = load.spec
-            processes = spec.config.worker is WorkerKind.PROCESS
+        except PyServeError as exc:
+            answer(str(exc))
+            return
+        self.load_model(spec, load.payload, answer)
+
+    def load_model(
+        self, spec: ModelSpec, payload: bytes | None, done: Callable[[str | None], None], *, replace: bool = False
+    ) -> ModelEntry | None:
+        """Serve a model version: register it with a scheduler and, for process instances, start their processes.
+
+        ``done(None)`` is called once it serves (for process instances: once all of them said hello), or
+        ``done(reason)`` when it cannot. With ``replace``, a version already served keeps serving until the new one
+        is ready; then the new one takes its place and the old one drains (``retire``).
+        """
+        processes = spec.config.worker is WorkerKind.PROCESS
+        try:
             if processes and payload is None:
                 raise ConfigError(f"model '{spec.name}' has process instances, but its load carries no functions")
             entry = ModelEntry(spec)
-            self.registry.add(entry)
             entry.scheduler = self._make_scheduler(entry)
+            old = self._served(spec.name, spec.version)
+            if old is not None and not (replace and processes):
+                raise ModelAlreadyBoundError(f"model '{spec.name}' version {spec.version} is already bound")
         except PyServeError as exc:
-            self._send(identity, ControlReply.build_error(load.request_id, str(exc)), None)
-            return
-        if processes:
-            assert payload is not None
-            self._start_processes(identity, load.request_id, entry, payload)
-            return
-        self._send(identity, ControlReply.build_ok(load.request_id), None)
+            done(str(exc))
+            return None
+        if not processes:
+            self.registry.add(entry)
+            done(None)
+            return entry
+        assert payload is not None
+        if old is None:
+            self.registry.add(entry)  # listed (not ready) while its instances start
+        self._start_processes(entry, payload, done)
+        return entry
+
+    def _served(self, name: str, version: int) -> ModelEntry | None:
+        return next((e for e in self.registry.versions(name) if e.version == version), None)
 
     def _make_scheduler(self, entry: ModelEntry) -> ModelScheduler:
         assert self._loop is not None
@@ -167,13 +212,16 @@ class WorkerControl:
 
     def _on_unload(self, identity: bytes, header: Header) -> None:
         message = Unload(header)
-        self._unload(message.name, message.version, "it was unloaded")
+        self.unload(message.name, message.version, "it was unloaded")
         self._send(identity, ControlReply.build_ok(message.request_id), None)
 
-    def _unload(self, name: str, version: int, why: str) -> None:
+    def unload(self, name: str, version: int, why: str) -> None:
+        """Stop serving a model version at once: its queued requests fail, its instances are told to stop."""
         entry = self.registry.remove(name, version)
-        if entry is None:
-            return
+        if entry is not None:
+            self._stop_entry(entry, why)
+
+    def _stop_entry(self, entry: ModelEntry, why: str) -> None:
         if entry.scheduler is not None:
             for request in entry.scheduler.drain():
                 fail(request, ModelNotReadyError(f"model '{entry.name}' is not available: {why}"))
@@ -181,10 +229,44 @@ class WorkerControl:
             self._send(instance.identity, Stop.build(), None)
             self._remove_instance(instance.identity, ModelNotReadyError(f"model '{entry.name}': {why}"))
         if self._supervisor is not None:
-            self._supervisor.remove_model(name, version)
+            self._supervisor.remove_entry(entry)
+        for key in [key for key in self._loading if key is entry]:
+            self._loading.pop(key)(f"model '{entry.name}' was unloaded while loading")
 
-    def _on_serving(self, identity: bytes, header: Header) -> None:
-        # Serve loaded what was bound before start: from now on readiness is the models' own.
+    def abort_load(self, name: str, version: int, why: str) -> None:
+        """Give up a load whose process instances are still starting: they stop, and the load fails with ``why``."""
+        for entry in [e for e in self._loading if e.name == name and e.version == version]:
+            done = self._loading.pop(entry)
+            if self._served(name, version) is entry:
+                self.registry.remove(name, version)
+            self._stop_entry(entry, why)
+            done(why)
+
+    def retire(self, entry: ModelEntry, why: str, done: Callable[[], None] | None = None) -> None:
+        """Stop serving a model version once what it already accepted is answered.
+
+        The entry is no longer in the registry (new requests go elsewhere or are refused); its queue and the batches
+        on its instances finish, then its instances stop. After ``RETIRE_TIMEOUT_S`` what is left fails.
+        """
+        assert self._loop is not None
+        deadline = self._loop.time() + RETIRE_TIMEOUT_S
+
+        def check() -> None:
+            assert self._loop is not None
+            scheduler = entry.scheduler
+            queued = scheduler.queued_count() if scheduler is not None else 0
+            busy = any(instance.busy for instance in entry.instances)
+            if (queued or busy) and self._loop.time() < deadline and not self._is_stopping():
+                self._loop.call_later(_RETIRE_POLL_S, check)
+                return
+            self._stop_entry(entry, why)
+            if done is not None:
+                done()
+
+        check()
+
+    def on_serving(self, identity: bytes, header: Header) -> None:
+        """Serve loaded what was bound before start: from now on readiness is the models' own."""
         self.serving = True
         self._send(identity, ControlReply.build_ok(Serving(header).request_id), None)
 
@@ -192,11 +274,17 @@ class WorkerControl:
 
     def _on_hello(self, identity: bytes, header: Header) -> None:
         hello = Hello(header)
-        try:
-            entry = self.registry.get(hello.model, hello.version)
-        except InferenceError as exc:
-            self._send(identity, Refused.build(str(exc)), None)
-            return
+        # A process instance joins the model version its process was started for (during a reload, two versions
+        # of the same name and number exist); a thread instance the one registered.
+        worker = self._supervisor.find(hello.pid) if self._supervisor is not None and hello.pid else None
+        if worker is not None and worker.entry is not None:
+            entry = worker.entry
+        else:
+            try:
+                entry = self.registry.get(hello.model, hello.version)
+            except InferenceError as exc:
+                self._send(identity, Refused.build(str(exc)), None)
+                return
         instance = Instance(identity, hello.instance_index, hello.instance_kind, hello.pid)
         entry.instances.append(instance)
         self._metrics.model_ready(entry)
@@ -204,10 +292,8 @@ class WorkerControl:
         self._send(identity, Welcome.build(self._batches.cancel_address), None)
         assert entry.scheduler is not None
         entry.scheduler.add_instance(instance)
-        if instance.kind == "process" and self._supervisor is not None:
-            worker = self._supervisor.find(instance.pid)
-            if worker is not None:
-                worker.ready = True
+        if worker is not None:
+            worker.ready = True
             self._maybe_finish_load(entry)
 
     def _on_bye(self, identity: bytes, header: Header) -> None:
@@ -234,43 +320,49 @@ class WorkerControl:
 
     # instance processes -------------------------------------------------------------------------------------------
 
-    def _start_processes(self, identity: bytes, rid: int, entry: ModelEntry, payload: bytes) -> None:
+    def _start_processes(self, entry: ModelEntry, payload: bytes, done: Callable[[str | None], None]) -> None:
         assert self._supervisor is not None
-        path = os.path.join(self._work_dir, f"{entry.name}-{entry.version}.pkl")
+        self._payloads += 1
+        path = os.path.join(self._work_dir, f"{entry.name}-{entry.version}-{self._payloads}.pkl")
         with open(path, "wb") as handle:
             handle.write(payload)
-        self._loading[(entry.name, entry.version)] = (identity, rid)
+        self._loading[entry] = done
         config = entry.spec.config
-        self._supervisor.add(entry.name, entry.version, config.instances, config.devices, path)
+        self._supervisor.add(entry, config.instances, config.devices, path)
 
     def _maybe_finish_load(self, entry: ModelEntry) -> None:
-        key = (entry.name, entry.version)
-        loading = self._loading.get(key)
-        if loading is not None and len(entry.instances) >= entry.spec.config.instances:
-            del self._loading[key]
-            self._send(loading[0], ControlReply.build_ok(loading[1]), None)
+        if entry in self._loading and len(entry.instances) >= entry.spec.config.instances:
+            done = self._loading.pop(entry)
+            old = self._served(entry.name, entry.version)
+            if old is not entry:
+                # A reload: the new version takes the old one's place, which drains.
+                if old is not None:
+                    self.registry.remove(entry.name, entry.version)
+                    self.retire(old, "a new copy of it was loaded")
+                self.registry.add(entry)
+            done(None)
 
     def _on_process_exit(self, worker: WorkerProcess, status: int) -> None:
         how = describe_exit(status)
-        for identity, (instance, entry, _) in list(self._connected.items()):
+        for identity, (instance, _, _) in list(self._connected.items()):
             if instance.kind == "process" and instance.pid == worker.last_pid:
                 self._remove_instance(
                     identity,
                     WorkerDiedError(
-                        f"instance {instance.index} of model '{entry.name}' (pid {instance.pid}) died: {how}"
+                        f"instance {instance.index} of model '{worker.model}' (pid {instance.pid}) died: {how}"
                     ),
                 )
-        key = (worker.model, worker.version)
-        loading = self._loading.get(key)
-        if loading is not None and not worker.ready:
-            # The model never became ready: fail the bind() with the reason, stop the other instances.
-            del self._loading[key]
-            self._unload(worker.model, worker.version, "its instance failed to start")
-            message = (
-                f"instance {worker.index} of model '{worker.model}' exited before it was ready ({how}); "
-                "its error output is above"
+        loading = worker.entry
+        if loading is not None and loading in self._loading and not worker.ready:
+            # The model never became ready: fail the load with the reason, stop the other instances.
+            done = self._loading.pop(loading)
+            if self._served(loading.name, loading.version) is loading:
+                self.registry.remove(loading.name, loading.version)
+            self._stop_entry(loading, "its instance failed to start")
+            done(
+                f"instance {worker.index} of model '{worker.model}' exited before it was ready ({how}): "
+                f"{_start_error(worker)}"
             )
-            self._send(loading[0], ControlReply.build_error(loading[1], message), None)
             return
         if self._is_stopping():
             return
@@ -279,3 +371,13 @@ class WorkerControl:
         logger.error(
             "instance %d of model '%s' died (%s); restarting in %.1f s", worker.index, worker.model, how, delay
         )
+
+
+def _start_error(worker: WorkerProcess) -> str:
+    """Why an instance process could not start: the last line of the error it wrote (the full text is in the log)."""
+    try:
+        with open(error_path(worker.payload_path, worker.index)) as handle:
+            text = handle.read().strip()
+    except OSError:
+        return "its error output is above"
+    return text.splitlines()[-1] if text else "its error output is above"

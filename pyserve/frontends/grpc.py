@@ -13,6 +13,7 @@ request still in flight cancelled.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -24,7 +25,7 @@ from pyserve.config import ServeConfig
 from pyserve.core.api import CoreApi
 from pyserve.core.infer_call import build_request
 from pyserve.core.inference import InferenceRequest, InferenceResponse, ModelEntry
-from pyserve.errors import InferenceError, InvalidInputError, ModelNotFoundError, ModelNotReadyError, UnsupportedError
+from pyserve.errors import InferenceError, InvalidInputError, ModelNotFoundError, UnsupportedError
 from pyserve.frontends.common import EXTENSIONS, SERVER_NAME, SERVER_VERSION
 from pyserve.frontends.grpc_codec import (
     decode_infer_call,
@@ -148,7 +149,8 @@ class GrpcFrontend:
 
         async def handler(request: Any, context: Context) -> Any:
             try:
-                return function(request)
+                result = function(request)
+                return await result if inspect.isawaitable(result) else result
             except InferenceError as exc:
                 await context.abort(_status(exc), str(exc))
             except Exception as exc:
@@ -224,26 +226,30 @@ class GrpcFrontend:
 
     def _repository_index(self, request: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
         response = pb.RepositoryIndexResponse()
-        for entry in self.core.models.entries():
-            if request.ready and not entry.ready:
-                continue
-            state = "READY" if entry.ready else "UNAVAILABLE"
-            response.models.add(name=entry.name, version=str(entry.version), state=state)
+        for row in self.core.repository.index(request.ready):
+            response.models.add(
+                name=row["name"],
+                version=row.get("version", ""),
+                state=row.get("state", ""),
+                reason=row.get("reason", ""),
+            )
         return response
 
-    def _repository_load(self, request: pb.RepositoryModelLoadRequest) -> pb.RepositoryModelLoadResponse:
-        versions = self.core.models.versions(request.model_name)
-        if versions and all(entry.ready for entry in versions) and not request.parameters:
-            return pb.RepositoryModelLoadResponse()  # already loaded: nothing to do
-        raise ModelNotReadyError(
-            f"cannot load model '{request.model_name}': pyserve serves the models bound with Serve.bind(); "
-            "loading from a model repository is not supported"
-        )
+    async def _repository_load(self, request: pb.RepositoryModelLoadRequest) -> pb.RepositoryModelLoadResponse:
+        config: str | None = None
+        files: dict[str, bytes] = {}
+        for key, value in request.parameters.items():
+            if key == "config":
+                config = value.string_param
+            elif key.startswith("file:"):
+                files[key[len("file:") :]] = value.bytes_param
+        await self.core.repository.request_load(request.model_name, config, files)
+        return pb.RepositoryModelLoadResponse()
 
-    def _repository_unload(self, request: pb.RepositoryModelUnloadRequest) -> pb.RepositoryModelUnloadResponse:
-        raise ModelNotReadyError(
-            f"cannot unload model '{request.model_name}': models are unloaded by the process that bound them"
-        )
+    async def _repository_unload(self, request: pb.RepositoryModelUnloadRequest) -> pb.RepositoryModelUnloadResponse:
+        dependents = request.parameters.get("unload_dependents")
+        await self.core.repository.request_unload(request.model_name, dependents is not None and dependents.bool_param)
+        return pb.RepositoryModelUnloadResponse()
 
     def _system_shm_status(self, request: pb.SystemSharedMemoryStatusRequest) -> pb.SystemSharedMemoryStatusResponse:
         if request.name:

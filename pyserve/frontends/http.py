@@ -9,6 +9,8 @@ the request's callback. Health, metadata, statistics and the settings endpoints 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import gzip
 import logging
 import zlib
@@ -51,6 +53,7 @@ class HttpApp:
     def __init__(self, core: CoreApi, config: ServeConfig) -> None:
         self.core = core
         self.max_body = config.max_request_bytes
+        self._tasks: set[asyncio.Future[None]] = set()
 
     def cancel(self, request: InferenceRequest) -> None:
         """The client closed its connection before its answer."""
@@ -101,9 +104,8 @@ class HttpApp:
             tracing = self.core.tracing
             self._settings(conn, request, method, tracing.to_json, lambda changes: tracing.update(None, changes))
             return
-        if rest == ["repository", "index"] and method == b"POST":
-            index = [e.index_entry() for e in self.core.models.entries()]
-            conn.respond(request, 200, orjson.dumps(index))
+        if rest[0] == "repository":
+            self._route_repository(conn, request, method, rest[1:])
             return
         conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
 
@@ -163,6 +165,62 @@ class HttpApp:
         else:
             conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
 
+    # model repository ----------------------------------------------------------------------------------------------
+
+    def _route_repository(self, conn: HttpProtocol, request: HttpRequest, method: bytes, rest: list[str]) -> None:
+        """Triton's repository extension: ``POST /v2/repository/index`` and ``.../models/{m}/load|unload``."""
+        if method != b"POST" or not (rest == ["index"] or (len(rest) == 3 and rest[0] == "models")):
+            conn.respond_error(
+                request,
+                404 if method == b"POST" else 405,
+                "use POST on /v2/repository/index or /v2/repository/models/{model}/load|unload",
+            )
+            return
+        body = self._json_body(request)
+        repository = self.core.repository
+        if rest == ["index"]:
+            conn.respond(request, 200, orjson.dumps(repository.index(bool(body.get("ready", False)))))
+            return
+        name, action = unquote(rest[1]), rest[2]
+        parameters = body.get("parameters", {})
+        if not isinstance(parameters, dict):
+            raise InvalidInputError("'parameters' of a repository request must be a JSON object")
+        if action == "load":
+            config, files = _load_parameters(parameters)
+            operation = repository.request_load(name, config, files)
+        elif action == "unload":
+            operation = repository.request_unload(name, bool(parameters.get("unload_dependents", False)))
+        else:
+            conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
+            return
+        task = asyncio.ensure_future(operation)
+        self._tasks.add(task)
+
+        def answered(done: asyncio.Future[None]) -> None:
+            self._tasks.discard(task)
+            if done.cancelled():
+                return
+            error = done.exception()
+            if error is None:
+                conn.respond(request, 200)
+            elif isinstance(error, InferenceError):
+                conn.respond_error(request, error.http_status, str(error))
+            else:
+                logger.error("unexpected error in a repository request", exc_info=error)
+                conn.respond_error(request, 500, f"internal server error: {error}")
+
+        task.add_done_callback(answered)
+
+    def _json_body(self, request: HttpRequest, what: str = "request") -> dict[str, Any]:
+        """The body as a JSON object (an empty body is ``{}``)."""
+        try:
+            body = orjson.loads(self._body(request) or b"{}")
+        except orjson.JSONDecodeError as exc:
+            raise InvalidInputError(f"failed to parse the {what} JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise InvalidInputError(f"the {what} JSON must be an object")
+        return body
+
     def _settings(
         self,
         conn: HttpProtocol,
@@ -179,13 +237,7 @@ class HttpApp:
         if method != b"POST":
             conn.respond_error(request, 405, "use GET or POST")
             return
-        try:
-            changes = orjson.loads(self._body(request) or b"{}")
-        except orjson.JSONDecodeError as exc:
-            raise InvalidInputError(f"failed to parse the settings JSON: {exc}") from None
-        if not isinstance(changes, dict):
-            raise InvalidInputError("the settings JSON must be an object")
-        conn.respond(request, 200, orjson.dumps(update(changes)))
+        conn.respond(request, 200, orjson.dumps(update(self._json_body(request, "settings"))))
 
     def _json(self, conn: HttpProtocol, request: HttpRequest, method: bytes, doc: Any) -> None:
         if method != b"GET":
@@ -338,3 +390,20 @@ async def start_http_server(core: CoreApi, config: ServeConfig) -> tuple[asyncio
     return await listen(
         HttpApp(core, config), config.host, config.http_port, backlog=1024, stage_times=core.stage_times
     )
+
+
+def _load_parameters(parameters: dict[str, Any]) -> tuple[str | None, dict[str, bytes]]:
+    """A load request's ``config`` (JSON text) and ``file:<path>`` parameters (base64 content), as Triton takes them."""
+    config = parameters.get("config")
+    if config is not None and not isinstance(config, str):
+        raise InvalidInputError("load parameter 'config' must be a string holding the model configuration as JSON")
+    files: dict[str, bytes] = {}
+    for key, value in parameters.items():
+        if key.startswith("file:"):
+            if not isinstance(value, str):
+                raise InvalidInputError(f"load parameter '{key}' must be the file's content in base64")
+            try:
+                files[key[len("file:") :]] = base64.b64decode(value, validate=True)
+            except binascii.Error as exc:
+                raise InvalidInputError(f"load parameter '{key}' is not valid base64: {exc}") from None
+    return config, files

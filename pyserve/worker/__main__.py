@@ -14,12 +14,9 @@ import signal
 import sys
 import threading
 from types import FrameType
-from typing import Any
 
-import cloudpickle
-
-from pyserve.config import ModelSpec
 from pyserve.telemetry.logging_setup import configure_logging
+from pyserve.transport.payload import error_path, read_payload
 from pyserve.worker.instance import InstanceRunner
 
 EXIT_NOT_READY = 3
@@ -42,11 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     # The core exports its log settings to the processes it spawns.
     configure_logging(os.environ.get("PYSERVE_LOG_LEVEL", "WARNING"), os.environ.get("PYSERVE_LOG_FORMAT", "default"))
-    with open(args.payload, "rb") as handle:
-        payload: dict[str, Any] = cloudpickle.load(handle)
-    spec = ModelSpec.from_wire(payload["spec"])
-    sys.path.extend(path for path in payload["sys_path"] if path not in sys.path)
-    functions = cloudpickle.loads(payload["functions"])
+    spec, functions = read_payload(args.payload)
     function = functions[args.index % len(functions)]
     stop = threading.Event()
     # The instance sleeps in poll() on its socket and these descriptors: a signal writes a byte to wake it.
@@ -85,6 +78,9 @@ def main() -> None:
     runner.run(stop, on_ready, wake_fds)
     if errors:
         print(f"pyserve: instance {args.index} of model '{spec.name}' failed to start:\n{errors[0]}", file=sys.stderr)
+        # The core reads the reason back for the repository index and the load's answer.
+        with contextlib.suppress(OSError), open(error_path(args.payload, args.index), "w") as handle:
+            handle.write(errors[0])
         sys.exit(EXIT_NOT_READY)
 
 

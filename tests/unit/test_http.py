@@ -6,6 +6,7 @@ connection (``HttpProtocol`` over a recording transport) and play the core's par
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from pyserve.core.inference import InferenceRequest, InferenceResponse, Instance
 from pyserve.core.logs import log_settings
 from pyserve.core.registry import Registry
 from pyserve.core.tracing import Tracing
+from pyserve.errors import UnsupportedError
 from pyserve.frontends.http import HttpApp
 from pyserve.frontends.http_connection import HttpProtocol
 
@@ -39,6 +41,22 @@ class RecordingTransport:
         return False
 
 
+class FakeRepository:
+    """A repository without models of its own: the index lists the bound ones; load and unload are refused."""
+
+    def __init__(self, models: Registry) -> None:
+        self.models = models
+
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        return [entry.index_entry() for entry in self.models.entries()]
+
+    async def request_load(self, name: str, config: str | None, files: Mapping[str, bytes]) -> None:
+        raise UnsupportedError(f"cannot load '{name}' here")
+
+    async def request_unload(self, name: str, unload_dependents: bool = False) -> None:
+        raise UnsupportedError(f"cannot unload '{name}' here")
+
+
 class FakeCore:
     """The core's side of the interface: requests submitted and cancelled are kept, readiness is a switch."""
 
@@ -56,6 +74,7 @@ class FakeCore:
             tracing=Tracing(config),
             logs=log_settings(),
             metrics_page=lambda: b"",
+            repository=FakeRepository(self.models),
         )
         self.app = HttpApp(self.api, config)
 
