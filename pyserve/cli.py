@@ -28,6 +28,15 @@ from pyserve.serve import Serve, core_starts
 logger = logging.getLogger(__name__)
 
 _SERVER_OPTIONS = ("host", "http_port", "grpc_port", "metrics_port", "log_level")
+# tritonserver's model repository options, by ServeConfig field.
+_REPOSITORY_OPTIONS = (
+    "model_repository",
+    "model_control_mode",
+    "repository_poll_secs",
+    "load_model",
+    "strict_model_config",
+    "repository_hooks",
+)
 # Options that declare a function's model: argparse destination -> option.
 _MODEL_OPTIONS = {
     "inputs": "--input",
@@ -52,6 +61,49 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", type=str.upper, choices=_LOG_LEVELS, help="DEBUG, INFO, WARNING (default) or ERROR"
     )
+
+
+def _add_repository_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("serving a model repository (tritonserver's options; docs/repository.md)")
+    group.add_argument("--model-repository", metavar="DIR", help="a Triton-layout model repository to serve")
+    group.add_argument(
+        "--model-control-mode",
+        choices=("none", "explicit", "poll"),
+        help="none (default): load every model at start; explicit: load the --load-model ones, the rest on request; "
+        "poll: load every model and reload what changes",
+    )
+    group.add_argument(
+        "--repository-poll-secs", type=float, metavar="N", help="how often poll mode looks at the repository (15)"
+    )
+    group.add_argument(
+        "--load-model",
+        dest="load_model",
+        action="append",
+        metavar="NAME",
+        help='a model to load at start in explicit mode, once per model; "*" loads every model',
+    )
+    group.add_argument(
+        "--strict-model-config",
+        type=_boolean,
+        metavar="true|false",
+        help="true: every model needs a complete config.pbtxt; false (default): completed from the model file",
+    )
+    group.add_argument(
+        "--repository-hook",
+        dest="repository_hooks",
+        action="append",
+        metavar="MODULE:FUNCTION",
+        help="a load hook, called with each model's directory and config before it loads (docs/repository.md)",
+    )
+
+
+def _boolean(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r}: expected true or false")
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -111,7 +163,12 @@ def _tensor(text: str) -> Tensor:
 
 def _server_options(args: argparse.Namespace) -> dict[str, Any]:
     """The server options given on the command line, by ServeConfig field."""
-    return {key: getattr(args, key) for key in _SERVER_OPTIONS if getattr(args, key) is not None}
+    keys = _SERVER_OPTIONS + (_REPOSITORY_OPTIONS if hasattr(args, "model_repository") else ())
+    options = {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
+    for key in ("load_model", "repository_hooks"):
+        if key in options:
+            options[key] = tuple(options[key])
+    return options
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -126,6 +183,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.target is None:
+        if args.model_repository is None:
+            raise UsageError("name what to serve: module:NAME, or --model-repository DIR (see docs/cli.md)")
+        model_options = [option for key, option in _MODEL_OPTIONS.items() if getattr(args, key) is not None]
+        if model_options:
+            raise UsageError(f"{' '.join(model_options)}: only for serving a function (module:function)")
+        Serve(ServeConfig.from_env(**_server_options(args))).serve()
+        return 0
     module_name, _, attribute = args.target.partition(":")
     # A module beside the caller imports as `pyserve serve app:server`, as with `python -m`.
     sys.path.insert(0, os.getcwd())
@@ -216,10 +281,12 @@ def _parser() -> argparse.ArgumentParser:
         "`pyserve serve app:predict --input x:FP32:-1 --output y:FP32:-1`",
         description="Serve module:NAME, where NAME is a pyserve.Serve with models bound (default: server) or a "
         "function, served as one model with the tensors --input/--output declare. A module that serves when "
-        "imported (the Quickstart layout) is served as it is. See docs/cli.md.",
+        "imported (the Quickstart layout) is served as it is. --model-repository DIR serves a Triton model "
+        "repository, alone or beside the module's models. See docs/cli.md.",
     )
-    serve.add_argument("target", help="module:NAME, a pyserve.Serve (default NAME: server) or a function")
+    serve.add_argument("target", nargs="?", help="module:NAME, a pyserve.Serve (default NAME: server) or a function")
     _add_server_options(serve)
+    _add_repository_options(serve)
     _add_model_options(serve)
     serve.set_defaults(handler=_serve)
     return parser
@@ -235,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("pyserve.serve").setLevel(min(level, logging.INFO))
     # Exported too, for a module that makes its ``Serve()`` itself (ServeConfig reads PYSERVE_<FIELD>).
     for key, value in _server_options(args).items():
-        os.environ[f"PYSERVE_{key.upper()}"] = str(value)
+        os.environ[f"PYSERVE_{key.upper()}"] = ",".join(value) if isinstance(value, tuple) else str(value)
     # SIGTERM stops like Ctrl+C, also before Serve.serve() installs its own handlers (while a module imports), and
     # even when started in the background, which inherits SIGINT ignored.
     for signum in (signal.SIGINT, signal.SIGTERM):

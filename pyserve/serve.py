@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -65,8 +66,13 @@ class _BoundModel:
 class Serve:
     """A pyserve server: ``with Serve() as s: s.bind(...); s.serve()`` (or ``s.run()`` to return at once)."""
 
-    def __init__(self, config: ServeConfig | None = None) -> None:
-        self.config = config if config is not None else ServeConfig.from_env()
+    def __init__(self, config: ServeConfig | None = None, *, model_repository: str | os.PathLike[str] | None = None):
+        """``model_repository`` (or ``ServeConfig.model_repository``) serves a Triton-layout model repository beside
+        the bound models; its other settings (control mode, ...) are ServeConfig fields (docs/repository.md)."""
+        config = config if config is not None else ServeConfig.from_env()
+        if model_repository is not None:
+            config = dataclasses.replace(config, model_repository=os.fspath(model_repository))
+        self.config = config
         self._models: dict[tuple[str, int], _BoundModel] = {}
         self._ensembles: dict[tuple[str, int], EnsembleSpec] = {}
         self._loaded_ensembles: set[tuple[str, int]] = set()
@@ -122,6 +128,10 @@ class Serve:
                 )
             spec = dataclasses.replace(spec, config=dataclasses.replace(config, instances=len(functions)))
         payload = build_payload(spec, functions) if config.worker is WorkerKind.PROCESS else None
+        self._add_model(spec, functions, payload)
+
+    def _add_model(self, spec: ModelSpec, functions: list[Callable[..., Any]], payload: bytes | None) -> None:
+        model_name, model_version = spec.name, spec.version
         key = (model_name, model_version)
         if key in self._models:
             raise ModelAlreadyBoundError(f"model '{model_name}' version {model_version} is already bound")
@@ -136,6 +146,56 @@ class Serve:
                 self._models.pop(key, None)
                 raise
 
+    def bind_model(
+        self,
+        model_name: str,
+        model_file: str | os.PathLike[str],
+        *,
+        inputs: Sequence[Tensor] | None = None,
+        outputs: Sequence[Tensor] | None = None,
+        config: ModelConfig | None = None,
+        backend: str | None = None,
+        model_version: int = 1,
+        reshape: dict[str, tuple[int, ...]] | None = None,
+        op_libraries: Sequence[str] = (),
+    ) -> None:
+        """Serve a model file (``.onnx``, TorchScript ``.pt``, TensorRT ``.plan``, or a ``model.py``) as
+        ``model_name``, in process instances placed by ``config.devices``, without a repository.
+
+        ``backend`` defaults from the file's suffix. Tensors left out are read from the file where its format says
+        them (ONNX, TensorRT); without ``config``, a file whose tensors all have a variable first dimension batches
+        (``max_batch_size`` 4, dynamic batching on, as Triton's auto-complete does).
+        """
+        from pyserve.backends import BackendModel, backend_for_file
+        from pyserve.repository.autocomplete import complete_binding
+
+        path = Path(model_file).resolve()
+        if not path.is_file():
+            raise ConfigError(f"model '{model_name}': model file '{model_file}' does not exist")
+        name = backend or backend_for_file(path)
+        inputs, outputs, config = complete_binding(model_name, name, path, inputs, outputs, config)
+        spec = ModelSpec(
+            name=model_name,
+            version=model_version,
+            inputs=as_tensors(inputs, "inputs"),
+            outputs=as_tensors(outputs, "outputs"),
+            config=config,
+        )
+        from pyserve.backends import backend as backend_module
+        from pyserve.core.model_documents import model_config_json
+
+        model = BackendModel(
+            spec=spec,
+            model_file=path,
+            version_dir=path.parent,
+            model_dir=path.parent,
+            reshape=dict(reshape or {}),
+            op_libraries=tuple(op_libraries),
+            config_json=model_config_json(spec),
+        )
+        target = backend_module(name).create(model)
+        self._add_model(spec, [target], build_payload(spec, [target]))
+
     def run(self) -> Serve:
         """Start the core process and load every bound model; returns once all are ready."""
         if self._process is None:
@@ -148,8 +208,9 @@ class Serve:
         for key, ensemble in list(self._ensembles.items()):
             if key not in self._loaded_ensembles:
                 self._load_ensemble(ensemble)
-        self._request(Serving.build)
-        if not self._announced and (self._models or self._ensembles):
+        # The core answers once the models of its repository loaded at start are loaded (or failed) too.
+        self._request(Serving.build, self.config.model_load_timeout_s)
+        if not self._announced and (self._models or self._ensembles or self.config.model_repository):
             # Once per start, with models to call: the Quickstart starts the core (`with Serve()`) before it binds,
             # and announces when serve() runs this again.
             self._announced = True

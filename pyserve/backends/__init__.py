@@ -7,12 +7,25 @@ imported only inside the instance that runs the model, or when a model file is r
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import cast
 
 from pyserve.backends.base import Backend, BackendModel, Signature, TensorSignature
 from pyserve.errors import ConfigError
 
-__all__ = ["Backend", "BackendModel", "Signature", "TensorSignature", "backend", "backend_names"]
+__all__ = [
+    "Backend",
+    "BackendModel",
+    "Signature",
+    "TensorSignature",
+    "backend",
+    "backend_for",
+    "backend_for_file",
+    "backend_names",
+]
+
+# Triton's default-max-batch-size: what auto-complete gives a model whose file says it batches.
+DEFAULT_MAX_BATCH_SIZE = 4
 
 # Triton backend name -> the module implementing it.
 _MODULES = {
@@ -21,6 +34,8 @@ _MODULES = {
     "tensorrt": "pyserve.backends.tensorrt",
     "python": "pyserve.backends.python",
 }
+# A model file's suffix -> the backend that serves it.
+_SUFFIXES = {".onnx": "onnxruntime", ".pt": "pytorch", ".pt2": "pytorch", ".plan": "tensorrt", ".py": "python"}
 # Triton platform names -> backend name.
 _PLATFORMS = {
     "onnxruntime_onnx": "onnxruntime",
@@ -56,3 +71,13 @@ def backend(name: str) -> Backend:
     if name not in _MODULES:
         raise ConfigError(f"backend '{name}' is not served by pyserve (it serves {', '.join(_MODULES)})")
     return cast(Backend, importlib.import_module(_MODULES[name]))
+
+
+def backend_for_file(path: Path) -> str:
+    """The backend for a model file, by its suffix; ConfigError for a suffix no backend serves."""
+    name = _SUFFIXES.get(path.suffix)
+    if name is None:
+        raise ConfigError(
+            f"cannot tell the backend of '{path.name}' from its suffix ({', '.join(_SUFFIXES)}); pass backend=..."
+        )
+    return name

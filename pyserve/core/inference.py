@@ -205,6 +205,9 @@ class ModelEntry:
     stats: ModelStats = field(default_factory=ModelStats)
     instances: list[Instance] = field(default_factory=list)
     scheduler: Scheduler | None = None
+    # The configuration a model repository read (Triton's JSON form); None for a bound model, whose configuration
+    # is built from its spec.
+    config_document: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.name = self.spec.name
@@ -299,4 +302,6 @@ class ModelEntry:
 
     def config_json(self) -> dict[str, Any]:
         """The Triton-shaped model configuration (``GET /v2/models/{m}/config``)."""
+        if self.config_document is not None:
+            return self.config_document
         return model_config_json(self.spec)

@@ -132,11 +132,13 @@ class RepositoryControl:
             return None  # load() reports it
 
     async def _poll(self) -> None:
+        path = self.path
+        assert path is not None
         while True:
             await asyncio.sleep(self._config.repository_poll_secs)
             try:
                 names = await asyncio.to_thread(self._list)
-                prints = await asyncio.to_thread(_fingerprints, self.path, names)
+                prints = await asyncio.to_thread(_fingerprints, path, names)
             except OSError as exc:
                 logger.error("cannot read the model repository %s: %s", self.path, exc)
                 continue
@@ -178,7 +180,7 @@ class RepositoryControl:
         self.check_control("load")
         if files and config is None:
             raise ModelLoadError(f"failed to load '{name}': files sent with a load request need a 'config' too")
-        await self.load(name, config, dict(files))
+        await self.load(name, config, dict(files) or None)
 
     async def request_unload(self, name: str, unload_dependents: bool = False) -> None:
         """An unload request (explicit mode)."""
@@ -252,7 +254,9 @@ class RepositoryControl:
             payload = await asyncio.to_thread(build_payload, spec, [target])
             waiting: asyncio.Future[str | None] = loop.create_future()
             waits.append(waiting)
-            self._workers.load_model(spec, payload, _resolver(waiting), replace=True)
+            entry = self._workers.load_model(spec, payload, _resolver(waiting), replace=True)
+            if entry is not None:
+                entry.config_document = dict(definition.config_json)
         try:
             errors = await asyncio.wait_for(asyncio.gather(*waits), self._config.model_load_timeout_s)
         except asyncio.TimeoutError:

@@ -221,6 +221,7 @@ class CoreServer:
         if self._socket is not None and self._loop is not None:
             self._loop.remove_reader(self._socket.fileno())
             self._socket.close(linger=0)
+            self._socket = None
         self._reader.close()
         self._pool.close()
         self.metrics.close()
@@ -268,7 +269,9 @@ class CoreServer:
         self._drain()
 
     def _send(self, identity: bytes, header: Header, frames: list[Any] | None = None) -> None:
-        assert self._socket is not None and self._loop is not None
+        assert self._loop is not None
+        if self._socket is None:
+            return  # closed: the core is stopping
         try:
             self._socket.send_multipart([identity, pack_header(header), *(frames or ())], copy=False)
         except zmq.ZMQError as exc:

@@ -165,8 +165,9 @@ class WorkerControl:
         """Serve a model version: register it with a scheduler and, for process instances, start their processes.
 
         ``done(None)`` is called once it serves (for process instances: once all of them said hello), or
-        ``done(reason)`` when it cannot. With ``replace``, a version already served keeps serving until the new one
-        is ready; then the new one takes its place and the old one drains (``retire``).
+        ``done(reason)`` when it cannot. With ``replace`` (the repository's loads), the version joins the registry
+        only once ready, so requests never meet it without instances: a version already served keeps serving until
+        then, and drains once the new one has taken its place (``retire``).
         """
         processes = spec.config.worker is WorkerKind.PROCESS
         try:
@@ -185,7 +186,7 @@ class WorkerControl:
             done(None)
             return entry
         assert payload is not None
-        if old is None:
+        if not replace:
             self.registry.add(entry)  # listed (not ready) while its instances start
         self._start_processes(entry, payload, done)
         return entry

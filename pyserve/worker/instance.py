@@ -125,7 +125,12 @@ class InstanceRunner:
         self._stopping = lambda: stop.is_set() or bool(self._parent_pid and os.getppid() != self._parent_pid)
         ready_sent = False
         try:
-            self.infer_func = instantiate(self.infer_func, self.context.device)
+            # setup(device) sees its model's context (pyserve.current_model(): name, instance index, device).
+            token = set_current_model(self.context)
+            try:
+                self.infer_func = instantiate(self.infer_func, self.context.device)
+            finally:
+                reset_current_model(token)
             if self._cancel_address:
                 self._cancel = acquire_listener(self._cancel_address)
                 if not wait_synced(self._cancel, list(wake_fds)):
@@ -187,6 +192,7 @@ class InstanceRunner:
         finally:
             if not ready_sent:
                 on_ready("the instance stopped before the core accepted it")
+            _teardown(self.infer_func, self.spec.name)
             if self._cancel is not None:
                 release_listener(self._cancel.address)
                 self._cancel = None
@@ -459,7 +465,8 @@ class InstanceRunner:
 
 def instantiate(target: Any, device: str) -> Callable[..., Any]:
     """The callable an instance runs: a class is instantiated here (in the instance's thread or process), and an
-    object with ``setup(device)`` is set up, so heavy models load where they will run."""
+    object with ``setup(device)`` is set up, so heavy models load where they will run. Its ``teardown()``, if any,
+    is called when the instance stops."""
     if isinstance(target, type):
         target = target()
     setup = getattr(target, "setup", None)
@@ -468,6 +475,17 @@ def instantiate(target: Any, device: str) -> Callable[..., Any]:
     if not callable(target):
         raise TypeError(f"the bound object {target!r} is not callable: define __call__(self, requests)")
     return target  # type: ignore[no-any-return]
+
+
+def _teardown(target: Any, model: str) -> None:
+    """Call the bound object's ``teardown()``, if it has one, as its instance stops (Triton's ``finalize``)."""
+    teardown = getattr(target, "teardown", None)
+    if not callable(teardown) or isinstance(target, type):
+        return
+    try:
+        teardown()
+    except Exception:
+        logger.exception("teardown() of an instance of model '%s' raised", model)
 
 
 async def _await(awaitable: Any) -> Any:

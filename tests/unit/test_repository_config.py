@@ -1,0 +1,470 @@
+"""Reading a model's config.pbtxt as Triton users write it: every field pyserve maps, the errors (one clear line
+each), the fields it ignores, ensembles, the load API's config and file overrides, the config's JSON form, and
+auto-complete from an ONNX file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyserve.config import DynamicBatcher, QueuePolicy, Tensor, TimeoutAction, WorkerKind
+from pyserve.ensemble import Step
+from pyserve.errors import ConfigError
+from pyserve.repository import ModelDefinition, read_model
+
+TENSORS = """
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 3 ] } ]
+"""
+BATCHING = 'backend: "onnxruntime"\nmax_batch_size: 8\n' + TENSORS
+
+
+def write_model(root: Path, config: str | None, files: tuple[str, ...] = ("1/model.onnx",), name: str = "m") -> Path:
+    model_dir = root / name
+    model_dir.mkdir()
+    if config is not None:
+        (model_dir / "config.pbtxt").write_text(config)
+    for relative in files:
+        (model_dir / relative).parent.mkdir(parents=True, exist_ok=True)
+        (model_dir / relative).write_bytes(b"not a real model")
+    return model_dir
+
+
+def read(tmp_path: Path, config: str | None, files: tuple[str, ...] = ("1/model.onnx",), **kw: Any) -> ModelDefinition:
+    return read_model(write_model(tmp_path, config, files), **kw)
+
+
+FULL = """
+name: "m"
+backend: "onnxruntime"
+max_batch_size: 16
+input [
+  { name: "image" data_type: TYPE_UINT8 dims: [ -1, 224, 3 ] reshape: { shape: [ 1, -1, 224, 3 ] } },
+  { name: "text" data_type: TYPE_STRING dims: [ 1 ] optional: true }
+]
+output [ { name: "scores" data_type: TYPE_FP16 dims: [ 1000 ] } ]
+dynamic_batching {
+  preferred_batch_size: [ 4, 8 ]
+  max_queue_delay_microseconds: 100
+  preserve_ordering: true
+  priority_levels: 2
+  default_priority_level: 1
+  default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 5000 allow_timeout_override: true }
+  priority_queue_policy { key: 2 value { max_queue_size: 10 } }
+}
+instance_group [ { count: 2 kind: KIND_CPU } ]
+parameters { key: "intra_op_thread_count" value { string_value: "2" } }
+model_transaction_policy { decoupled: true }
+response_cache { enable: true }
+model_operations { op_library_filename: [ "ops/libcustom.so" ] }
+default_model_filename: "net.onnx"
+version_policy: { all { } }
+"""
+
+
+def test_every_mapped_field_reaches_the_spec(tmp_path: Path) -> None:
+    definition = read(tmp_path, FULL, ("1/net.onnx", "2/net.onnx"))
+    model_dir = tmp_path / "m"
+    assert definition.name == "m"
+    assert definition.backend == "onnxruntime"
+    assert definition.model_dir == model_dir
+    assert definition.warnings == ()
+    assert definition.ensemble is None
+    assert sorted(definition.specs) == [1, 2]
+    assert definition.model_files == {1: model_dir / "1" / "net.onnx", 2: model_dir / "2" / "net.onnx"}
+    assert definition.reshape == {"image": (1, -1, 224, 3)}
+    assert definition.op_libraries == (str(model_dir / "ops" / "libcustom.so"),)
+    spec = definition.specs[2]
+    assert (spec.name, spec.version) == ("m", 2)
+    assert spec.inputs == (Tensor("image", "UINT8", (-1, 224, 3)), Tensor("text", "BYTES", (1,), optional=True))
+    assert spec.outputs == (Tensor("scores", "FP16", (1000,)),)
+    config = spec.config
+    assert config.max_batch_size == 16
+    assert config.batcher == DynamicBatcher(
+        max_queue_delay_microseconds=100,
+        preferred_batch_size=(4, 8),
+        preserve_ordering=True,
+        priority_levels=2,
+        default_priority_level=1,
+        default_queue_policy=QueuePolicy(TimeoutAction.DELAY, 5000, allow_timeout_override=True),
+        priority_queue_policy={2: QueuePolicy(max_queue_size=10)},
+    )
+    assert (config.instances, config.devices, config.worker) == (2, (), WorkerKind.PROCESS)
+    assert config.parameters == {"intra_op_thread_count": "2"}
+    assert config.decoupled and config.response_cache
+
+
+def test_a_batching_model_without_dynamic_batching_is_not_batched(tmp_path: Path) -> None:
+    config = read(tmp_path, BATCHING).specs[1].config
+    assert config.max_batch_size == 8
+    assert config.batcher is None
+
+
+def test_platform_names_the_backend(tmp_path: Path) -> None:
+    definition = read(tmp_path, BATCHING.replace('backend: "onnxruntime"', 'platform: "onnxruntime_onnx"'))
+    assert definition.backend == "onnxruntime"
+    assert (definition.config_json["backend"], definition.config_json["platform"]) == (
+        "onnxruntime",
+        "onnxruntime_onnx",
+    )
+
+
+@pytest.mark.parametrize(
+    ("groups", "instances", "devices"),
+    [
+        (
+            "[ { count: 2 kind: KIND_GPU gpus: [ 0, 1 ] }, { kind: KIND_CPU } ]",
+            5,
+            ("cuda:0",) * 2 + ("cuda:1",) * 2 + ("cpu",),
+        ),
+        ("[ { kind: KIND_GPU } ]", 1, ("cuda:0",)),
+        ("[ { count: 3 gpus: [ 1 ] } ]", 3, ("cuda:1",) * 3),  # KIND_AUTO with gpus places on them
+        ("[ { count: 2 kind: KIND_CPU }, { kind: KIND_MODEL }, { } ]", 4, ()),
+    ],
+)
+def test_instance_groups_place_instances(tmp_path: Path, groups: str, instances: int, devices: tuple[str, ...]) -> None:
+    config = read(tmp_path, f"{BATCHING}instance_group {groups}").specs[1].config
+    assert (config.instances, config.devices) == (instances, devices)
+
+
+def test_the_version_policy_selects_the_specs(tmp_path: Path) -> None:
+    files = ("1/model.onnx", "2/model.onnx", "3/model.onnx", "04/model.onnx")
+    assert sorted(read(tmp_path, BATCHING, files).specs) == [3]
+    shutil.rmtree(tmp_path / "m")
+    definition = read(tmp_path, BATCHING + "version_policy { latest { num_versions: 2 } }", files)
+    assert sorted(definition.specs) == sorted(definition.model_files) == [2, 3]
+
+
+@pytest.mark.parametrize(
+    ("config", "files", "message"),
+    [
+        (BATCHING + "\n  bogus_field: 1", None, 'config.pbtxt line 7 column 3: .* has no field named "bogus_field"'),
+        (BATCHING.replace("TYPE_FP32", "TYPE_FLOAT", 1), None, "line 4 column 32: .*has no value named TYPE_FLOAT"),
+        (
+            'name: "other"\n' + BATCHING,
+            None,
+            "the config names the model 'other'; the name must equal the directory's",
+        ),
+        (BATCHING.replace("onnxruntime", "tensorflow"), None, "backend 'tensorflow' is not served by pyserve"),
+        (BATCHING + 'platform: "tensorrt_plan"', None, "backend 'onnxruntime' does not serve platform 'tensorrt_plan'"),
+        (BATCHING + "sequence_batching { }", None, "sequence_batching .* is not supported yet"),
+        (BATCHING, ("1/other.onnx",), "version 1 has no model file 1/model.onnx"),
+        (BATCHING, ("weights/model.onnx",), "no version directory"),
+        (BATCHING.replace("data_type: TYPE_FP32 ", "", 1), None, "input 'x' has no data_type"),
+        (BATCHING.replace("dims: [ 3 ]", "dims: [ 0 ]", 1), None, r"dimension 0 in shape \(0,\)"),
+        (BATCHING + "dynamic_batching { preferred_batch_size: [ 32 ] }", None, "exceeds max_batch_size 8"),
+        (BATCHING + "dynamic_batching { priority_levels: 2 }", None, "default_priority_level 0 must be in 1..2"),
+        (BATCHING + "instance_group [ { kind: KIND_CPU gpus: [ 0 ] } ]", None, "of kind KIND_CPU lists gpus"),
+        ('backend: "onnxruntime"\nmax_batch_size: 8\n', None, "cannot read the tensors of model.onnx to complete"),
+        ("max_batch_size: 8\n" + TENSORS, ("1/weights.bin",), "neither backend nor platform is configured"),
+    ],
+)
+def test_a_bad_config_is_one_clear_error(
+    tmp_path: Path, config: str, files: tuple[str, ...] | None, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message) as caught:
+        read(tmp_path, config, files or ("1/model.onnx",))
+    assert str(caught.value).startswith("model 'm': ")
+    assert "\n" not in str(caught.value)
+
+
+def test_a_missing_model_directory_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"model 'm': directory .* does not exist"):
+        read_model(tmp_path / "m")
+
+
+def test_strict_mode_needs_a_config(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"model 'm': no config.pbtxt in .* \(a strict model config must be written out\)"
+    ):
+        read(tmp_path, None, strict=True)
+
+
+def test_fields_pyserve_ignores_are_reported_once_each(tmp_path: Path) -> None:
+    config = (
+        BATCHING.replace(
+            "dims: [ 3 ] } ]\noutput", "dims: [ 3 ] allow_ragged_batch: true format: FORMAT_NHWC } ]\noutput"
+        )
+        + 'optimization { execution_accelerators { gpu_execution_accelerator [ { name: "tensorrt" } ] } }\n'
+        + 'model_warmup [ { name: "w" batch_size: 1 } ]\n'
+        + 'metric_tags { key: "team" value: "vision" }\n'
+        + "instance_group [ { count: 1 rate_limiter { priority: 1 } }, { rate_limiter { priority: 2 } } ]\n"
+    )
+    definition = read(tmp_path, config)
+    ignored = ["input.format", "input.allow_ragged_batch", "optimization", "instance_group.rate_limiter"]
+    ignored += ["metric_tags", "model_warmup"]
+    assert sorted(definition.warnings) == sorted(
+        f"model 'm': field '{field}' is set but is not supported by pyserve and is ignored" for field in ignored
+    )
+    assert definition.specs[1].config.instances == 2
+
+
+ENSEMBLE = """
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "LABEL" data_type: TYPE_INT64 dims: [ 1 ] } ]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "tokenize"
+      model_version: -1
+      input_map { key: "text" value: "TEXT" }
+      output_map { key: "ids" value: "ids" }
+    },
+    {
+      model_name: "classify"
+      model_version: 2
+      input_map { key: "ids" value: "ids" }
+      output_map { key: "label" value: "LABEL" }
+    }
+  ]
+}
+"""
+
+
+def test_an_ensemble_config_becomes_an_ensemble_spec(tmp_path: Path) -> None:
+    definition = read(tmp_path, ENSEMBLE + "instance_group [ { count: 2 } ]", ("1/.keep", "3/.keep"))
+    assert definition.backend == "ensemble"
+    assert definition.specs == definition.model_files == {}
+    assert definition.warnings == (
+        "model 'm': field 'instance_group' is set but is not supported by pyserve and is ignored",
+    )
+    spec = definition.ensemble
+    assert spec is not None
+    assert (spec.name, spec.version, spec.max_batch_size) == ("m", 3, 8)
+    assert spec.inputs == (Tensor("TEXT", "BYTES", (1,)),)
+    assert spec.outputs == (Tensor("LABEL", "INT64", (1,)),)
+    assert spec.steps == (
+        Step("tokenize", {"text": "TEXT"}, {"ids": "ids"}, version=None),
+        Step("classify", {"ids": "ids"}, {"label": "LABEL"}, version=2),
+    )
+    assert definition.config_json["platform"] == "ensemble"
+    assert definition.config_json["ensemble_scheduling"]["step"][1]["model_version"] == 2
+    with pytest.raises(ConfigError, match=r"model 'm' is an ensemble: it has no backend model"):
+        definition.backend_model(3, None)
+
+
+def test_an_ensemble_with_a_broken_graph_names_the_ensemble(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^ensemble 'm': output 'LABEL' is not produced by any step"):
+        read(tmp_path, ENSEMBLE.replace('value: "LABEL"', 'value: "other"'), ("1/.keep",))
+
+
+def test_the_config_json_has_tritons_shape(tmp_path: Path) -> None:
+    document = read(tmp_path, BATCHING + "dynamic_batching { max_queue_delay_microseconds: 100 }").config_json
+    assert list(document) == [
+        "name", "platform", "backend", "runtime", "version_policy", "max_batch_size", "input", "output",
+        "batch_input", "batch_output", "optimization", "dynamic_batching", "instance_group",
+        "default_model_filename", "cc_model_filenames", "metric_tags", "parameters", "model_warmup",
+    ]  # fmt: skip
+    assert document["version_policy"] == {"latest": {"num_versions": 1}}
+    assert document["input"] == [
+        {
+            "name": "x",
+            "data_type": "TYPE_FP32",
+            "format": "FORMAT_NONE",
+            "dims": [3],
+            "is_shape_tensor": False,
+            "allow_ragged_batch": False,
+            "optional": False,
+            "is_non_linear_format_io": False,
+        }
+    ]
+    assert document["dynamic_batching"]["max_queue_delay_microseconds"] == 100
+    assert document["dynamic_batching"]["priority_queue_policy"] == {}
+    assert document["optimization"]["input_pinned_memory"] == {"enable": True}
+    assert document["instance_group"] == [
+        {
+            "name": "m_0",
+            "kind": "KIND_CPU",
+            "count": 1,
+            "gpus": [],
+            "secondary_devices": [],
+            "profile": [],
+            "passive": False,
+            "host_policy": "",
+        }
+    ]
+    assert document["default_model_filename"] == "model.onnx"
+
+
+def test_a_config_override_replaces_the_config_file(tmp_path: Path) -> None:
+    model_dir = write_model(tmp_path, BATCHING)
+    first = read_model(model_dir)
+    override = dict(first.config_json, max_batch_size=2)
+    definition = read_model(model_dir, config_override=json.dumps(override))
+    assert definition.specs[1].config.max_batch_size == 2
+    assert definition.specs[1].inputs == first.specs[1].inputs
+    assert definition.config_json == override
+    with pytest.raises(ConfigError, match=r"model 'm': the config override is not a valid model config: .*nope"):
+        read_model(model_dir, config_override='{"nope": 1}')
+
+
+def test_a_file_override_is_read_from_a_fresh_directory(tmp_path: Path) -> None:
+    files = {"config.pbtxt": BATCHING.encode(), "2/model.onnx": b"weights"}
+    definition = read_model(tmp_path / "m", files=files)  # the name comes from the path; nothing is read there
+    try:
+        assert definition.name == "m"
+        assert definition.model_dir.parent != tmp_path
+        assert definition.model_files == {2: definition.model_dir / "2" / "model.onnx"}
+        assert definition.model_files[2].read_bytes() == b"weights"
+    finally:
+        shutil.rmtree(definition.model_dir)
+
+
+def test_a_file_override_that_fails_to_read_leaves_no_directory_behind(tmp_path: Path) -> None:
+    before = set(Path(tempfile.gettempdir()).glob("pyserve-model-*"))
+    with pytest.raises(ConfigError, match=r"model 'm': version 1 has no model file 1/model.onnx"):
+        read_model(tmp_path / "m", files={"config.pbtxt": BATCHING.encode(), "1/weights.bin": b"weights"})
+    assert set(Path(tempfile.gettempdir()).glob("pyserve-model-*")) == before
+
+
+def test_backend_model_carries_a_version_and_its_files(tmp_path: Path) -> None:
+    definition = read(tmp_path, BATCHING + 'input [ { name: "z" data_type: TYPE_INT32 dims: [ 1 ] reshape { } } ]')
+    model = definition.backend_model(1, tmp_path)
+    assert model.spec == definition.specs[1]
+    assert (model.model_file, model.version_dir) == (tmp_path / "m" / "1" / "model.onnx", tmp_path / "m" / "1")
+    assert (model.model_dir, model.repository) == (tmp_path / "m", tmp_path)
+    assert model.reshape == {"z": ()}
+    assert model.config_json == definition.config_json
+    with pytest.raises(ConfigError, match=r"model 'm': version 2 is not selected \(versions: \[1\]\)"):
+        definition.backend_model(2, tmp_path)
+
+
+# auto-complete from the model file ------------------------------------------------------------------------------
+
+
+def onnx_model(path: Path, batch: Any) -> None:
+    """An identity model whose x and y are FP32 [batch, 3]."""
+    onnx = pytest.importorskip("onnx", reason="auto-complete tests build an ONNX file with onnx")
+    pytest.importorskip("pyserve.backends.onnxruntime", reason="the onnxruntime backend reads the file")
+    helper = onnx.helper
+    tensors = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [batch, 3]) for n in ("x", "y")]
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "identity", tensors[:1], tensors[1:])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+
+
+def test_without_a_config_a_batching_onnx_model_is_completed(tmp_path: Path) -> None:
+    onnx_model(tmp_path / "m" / "1" / "model.onnx", "N")
+    definition = read_model(tmp_path / "m")
+    spec = definition.specs[1]
+    assert definition.backend == "onnxruntime"
+    assert spec.inputs == (Tensor("x", "FP32", (3,)),)
+    assert spec.outputs == (Tensor("y", "FP32", (3,)),)
+    assert spec.config.max_batch_size == 4  # Triton's default-max-batch-size
+    assert spec.config.batcher == DynamicBatcher()
+    assert definition.config_json["dynamic_batching"]["preferred_batch_size"] == []
+    assert definition.config_json["platform"] == "onnxruntime_onnx"
+
+
+def test_a_model_with_a_fixed_first_dimension_does_not_batch(tmp_path: Path) -> None:
+    onnx_model(tmp_path / "m" / "1" / "model.onnx", 2)
+    spec = read_model(tmp_path / "m").specs[1]
+    assert spec.config.max_batch_size == 0
+    assert spec.inputs == (Tensor("x", "FP32", (2, 3)),)
+
+
+def test_a_config_that_spells_out_the_batch_dimension_does_not_batch(tmp_path: Path) -> None:
+    onnx_model(tmp_path / "m" / "1" / "model.onnx", "N")
+    (tmp_path / "m" / "config.pbtxt").write_text('input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, 3 ] } ]')
+    spec = read_model(tmp_path / "m").specs[1]
+    assert spec.config.max_batch_size == 0
+    assert spec.inputs == (Tensor("x", "FP32", (-1, 3)),)
+    assert spec.outputs == (Tensor("y", "FP32", (-1, 3)),)
+
+
+def test_a_partial_config_keeps_its_settings_and_gains_the_tensors(tmp_path: Path) -> None:
+    onnx_model(tmp_path / "m" / "1" / "model.onnx", "N")
+    (tmp_path / "m" / "config.pbtxt").write_text("max_batch_size: 16\ninstance_group [ { count: 2 } ]")
+    config = read_model(tmp_path / "m").specs[1].config
+    assert (config.max_batch_size, config.batcher, config.instances) == (16, None, 2)
+
+
+def test_strict_mode_does_not_complete(tmp_path: Path) -> None:
+    onnx_model(tmp_path / "m" / "1" / "model.onnx", "N")
+    (tmp_path / "m" / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 4')
+    with pytest.raises(ConfigError, match=r"model 'm': no input is declared"):
+        read_model(tmp_path / "m", strict=True)
+    assert read_model(tmp_path / "m").specs[1].inputs == (Tensor("x", "FP32", (3,)),)
+
+
+PYSERVE_MODEL_PY = """
+import numpy as np
+from pyserve import DynamicBatcher, ModelConfig, QueuePolicy, Tensor
+
+inputs = [Tensor("a", np.float32, (-1,))]
+outputs = [Tensor("b", np.float32, (-1,))]
+config = ModelConfig(
+    max_batch_size=8,
+    batcher=DynamicBatcher(
+        max_queue_delay_microseconds=50,
+        priority_levels=2,
+        default_priority_level=1,
+        priority_queue_policy={2: QueuePolicy("DELAY", max_queue_size=3)},
+    ),
+    decoupled=True,
+)
+
+def infer_func(requests):
+    return [{"b": r.data["a"]} for r in requests]
+"""
+TRITON_MODEL_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        auto_complete_model_config.add_input({"name": "IN", "data_type": "TYPE_STRING", "dims": [1]})
+        auto_complete_model_config.add_output({"name": "OUT", "data_type": "TYPE_INT32", "dims": [2]})
+        auto_complete_model_config.set_max_batch_size(4)
+        auto_complete_model_config.set_dynamic_batching()
+        return auto_complete_model_config
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def python_model(root: Path, source: str, config: str | None = None) -> Path:
+    pytest.importorskip("pyserve.backends.python", reason="the Python backend reads what a model.py declares")
+    model_dir = write_model(root, config, ())
+    (model_dir / "1").mkdir()
+    (model_dir / "1" / "model.py").write_text(source)
+    return model_dir
+
+
+def test_a_model_py_in_pyserves_form_completes_the_config(tmp_path: Path) -> None:
+    definition = read_model(python_model(tmp_path, PYSERVE_MODEL_PY))
+    spec = definition.specs[1]
+    assert definition.backend == "python"
+    assert (spec.inputs, spec.outputs) == ((Tensor("a", "FP32", (-1,)),), (Tensor("b", "FP32", (-1,)),))
+    assert (spec.config.max_batch_size, spec.config.decoupled) == (8, True)
+    assert spec.config.batcher == DynamicBatcher(
+        max_queue_delay_microseconds=50,
+        priority_levels=2,
+        default_priority_level=1,
+        priority_queue_policy={2: QueuePolicy(TimeoutAction.DELAY, max_queue_size=3)},
+    )
+    assert definition.config_json["model_transaction_policy"] == {"decoupled": True}
+
+
+def test_a_triton_python_model_completes_the_config_with_auto_complete_config(tmp_path: Path) -> None:
+    config = 'backend: "python"\nparameters { key: "k" value { string_value: "v" } }'
+    spec = read_model(python_model(tmp_path, TRITON_MODEL_PY, config)).specs[1]
+    assert (spec.inputs, spec.outputs) == ((Tensor("IN", "BYTES", (1,)),), (Tensor("OUT", "INT32", (2,)),))
+    assert (spec.config.max_batch_size, spec.config.batcher) == (4, DynamicBatcher())
+    assert spec.config.parameters == {"k": "v"}
+
+
+def test_a_model_py_that_declares_nothing_needs_a_config(tmp_path: Path) -> None:
+    model_dir = python_model(tmp_path, "def infer_func(requests):\n    return []\n")
+    with pytest.raises(ConfigError, match=r"model 'm': no input is declared, and none could be read"):
+        read_model(model_dir)
