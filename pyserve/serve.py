@@ -109,14 +109,7 @@ class Serve:
         Before ``run()`` the model is recorded; on a running server it is loaded at once.
         """
         config = config if config is not None else ModelConfig()
-        spec = ModelSpec(
-            name=model_name,
-            version=model_version,
-            inputs=as_tensors(inputs, "inputs"),
-            outputs=as_tensors(outputs, "outputs"),
-            config=config,
-            strict=strict,
-        )
+        spec = _spec(model_name, model_version, inputs, outputs, config, strict)
         if callable(infer_func):
             functions = [infer_func] * config.instances
         else:
@@ -174,13 +167,7 @@ class Serve:
             raise ConfigError(f"model '{model_name}': model file '{model_file}' does not exist")
         name = backend or backend_for_file(path)
         inputs, outputs, config = complete_binding(model_name, name, path, inputs, outputs, config)
-        spec = ModelSpec(
-            name=model_name,
-            version=model_version,
-            inputs=as_tensors(inputs, "inputs"),
-            outputs=as_tensors(outputs, "outputs"),
-            config=config,
-        )
+        spec = _spec(model_name, model_version, inputs, outputs, config)
         from pyserve.backends import backend as backend_module
         from pyserve.core.model_documents import model_config_json
 
@@ -521,6 +508,24 @@ def _announce(line: str) -> None:
         logger.info("%s", line)
     else:
         sys.stderr.write(line + "\n")
+
+
+def _spec(
+    name: str,
+    version: int,
+    inputs: Sequence[Tensor],
+    outputs: Sequence[Tensor],
+    config: ModelConfig,
+    strict: bool = False,
+) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        version=version,
+        inputs=as_tensors(inputs, "inputs"),
+        outputs=as_tensors(outputs, "outputs"),
+        config=config,
+        strict=strict,
+    )
 
 
 def _callables(model_name: str, infer_func: object) -> list[Callable[..., Any]]:

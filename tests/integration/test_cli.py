@@ -19,6 +19,7 @@ from pyserve import Serve, ServeConfig
 from pyserve.errors import ServerError
 
 from .cli_process import FREE_PORTS, SERVING_LINE, RunningCommand, pyserve_command
+from .repository_models import add_python_model
 
 pytestmark = pytest.mark.integration
 
@@ -220,3 +221,34 @@ def test_module_started_on_import_is_served_until_a_signal(tmp_path: Path) -> No
         assert command.finish(10) == 0
     assert sum(1 for line in command.lines if SERVING_LINE.search(line)) == 1, command.output
     assert not is_listening(http_port)
+
+
+# 6. a model repository from the command line ---------------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_model_repository_is_served_with_tritonservers_flags(tmp_path: Path) -> None:
+    add_python_model(tmp_path, "plus_one", offset=1.0)
+    add_python_model(tmp_path, "plus_two", offset=2.0)
+    flags = ("--model-repository", str(tmp_path), "--model-control-mode", "explicit", "--load-model", "plus_one")
+    with RunningCommand(pyserve_command("serve", *flags, *FREE_PORTS), EXAMPLES) as command:
+        http_port, _, _ = run_until_serving(command)
+        client = triton_http.InferenceServerClient(f"127.0.0.1:{http_port}")
+        try:
+            assert client.is_model_ready("plus_one") and not client.is_model_ready("plus_two")
+            client.load_model("plus_two")
+            x = np.array([[1.0, 2.0]], np.float32)
+            tensor = triton_http.InferInput("INPUT0", [1, 2], "FP32")
+            tensor.set_data_from_numpy(x)
+            np.testing.assert_array_equal(client.infer("plus_two", [tensor]).as_numpy("OUTPUT0"), x + 2.0)
+        finally:
+            client.close()
+        command.terminate()
+        assert command.finish() == 0
+
+
+def test_a_missing_model_repository_is_one_line() -> None:
+    with RunningCommand(pyserve_command("serve", "--model-repository", "/no/such/dir", *FREE_PORTS), EXAMPLES) as cmd:
+        assert cmd.finish() == 1
+    assert "model repository '/no/such/dir' is not a directory" in cmd.output, cmd.output
+    assert "Traceback" not in cmd.output, cmd.output
