@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -130,6 +132,75 @@ def echo_server(port: int, log_path: Path) -> Iterator[None]:
             process.wait()
 
 
+# CPU accounting (--cpu) -----------------------------------------------------------------------------------------
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def _processes() -> dict[int, tuple[int, str, float]]:
+    """pid -> (parent pid, command line, CPU seconds used so far) of every process."""
+    found: dict[int, tuple[int, str, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                stat = handle.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        found[int(entry)] = (int(fields[1]), cmdline, (int(fields[11]) + int(fields[12])) * _TICK_S)
+    return found
+
+
+def _role(cmdline: str) -> str:
+    if "pyserve.core" in cmdline:
+        return "core process"
+    if "pyserve.worker" in cmdline:
+        return "worker process"
+    if "perf_analyzer" in cmdline:
+        return "perf_analyzer"
+    return "server process"
+
+
+class CpuMeter:
+    """CPU seconds used by a process tree (by role) and by perf_analyzer between ``start()`` and ``stop()``."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker  # a string in the server's command line (its port)
+        self._before: dict[int, tuple[int, str, float]] = {}
+
+    def _tree(self) -> dict[int, tuple[int, str, float]]:
+        processes = _processes()
+        roots = {pid for pid, (_, cmd, _) in processes.items() if self.marker in cmd and "perf_analyzer" not in cmd}
+        tree = set(roots)
+        grew = True
+        while grew:
+            grew = False
+            for pid, (parent, _, _) in processes.items():
+                if parent in tree and pid not in tree:
+                    tree.add(pid)
+                    grew = True
+        return {pid: processes[pid] for pid in tree}
+
+    def start(self) -> None:
+        self._before = self._tree()
+        self._children = resource.getrusage(resource.RUSAGE_CHILDREN)
+
+    def stop(self) -> dict[str, float]:
+        used: dict[str, float] = {}
+        for pid, (_, cmdline, cpu) in self._tree().items():
+            base = self._before.get(pid, (0, "", 0.0))[2]
+            used[_role(cmdline)] = used.get(_role(cmdline), 0.0) + cpu - base
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        used["perf_analyzer"] = (
+            children.ru_utime + children.ru_stime - self._children.ru_utime - self._children.ru_stime
+        )
+        return used
+
+
 @bench_main
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -137,6 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shape", type=int, default=16)
     parser.add_argument("--duration-ms", type=int, default=2000)
     parser.add_argument("--perf-analyzer", default=None)
+    parser.add_argument(
+        "--cpu", action="store_true", help="also report CPU time per request by process (core, worker, perf_analyzer)"
+    )
     parser.add_argument("--serve-echo", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_echo is not None:
@@ -155,7 +229,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             run = PerfRun(
                 MODEL_NAME, (f"INPUT0:{args.shape}",), concurrency, window_ms=args.duration_ms, protocol="grpc"
             )
+            meter = CpuMeter(url.rpartition(":")[2])
+            meter.start()
+            started = time.monotonic()
             m = run_perf_analyzer(perf_analyzer, url, run)
+            elapsed = time.monotonic() - started
+            if args.cpu and m.error is None and m.throughput > 0:
+                # perf_analyzer runs its windows back to back at the measured rate: requests ~ rate x wall time.
+                requests = m.throughput * elapsed
+                used = meter.stop()
+                per_request = ", ".join(f"{role} {1e6 * cpu / requests:.0f}" for role, cpu in sorted(used.items()))
+                print(f"  {name} c{concurrency}: CPU us per request: {per_request}", flush=True)
             if m.error is not None or m.throughput <= 0:
                 raise BenchError(
                     f"{name} c{concurrency}: the measurement failed: {m.error or 'no throughput measured'}\n"

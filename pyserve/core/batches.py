@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
@@ -31,7 +31,13 @@ from pyserve.transport.messages import FrameWriter, pack_header, read_buffer
 from pyserve.transport.protocol import MERGED, BatchResult, CancelNotice, FreeSlots, Header, InferBatch
 from pyserve.transport.shm import ShmPool, ShmReader
 
-Send = Callable[[bytes, Header, "list[Any] | None"], None]
+
+class Send(Protocol):
+    """How the core sends to a worker (``CoreServer._send``); ``spin=False``: no polling for a reply afterwards."""
+
+    def __call__(self, identity: bytes, header: Header, frames: list[Any] | None = None, spin: bool = True) -> None:
+        """Send ``header`` and ``frames`` to the worker ``identity``."""
+        ...
 
 
 @dataclass(slots=True, eq=False)
@@ -151,7 +157,7 @@ class BatchesInFlight:
         instance.batch_id = batch_id
         if self._stage_times is not None:
             self._stage_times.sent(batch)
-        self._send(instance.identity, header, writer.frames)
+        self._send(instance.identity, header, writer.frames, all(request.reply_spin for request in batch))
 
     def on_result(self, result: BatchResult, frames: list[Any]) -> None:
         """A ``res`` message: outputs (or the error) of a batch, final or one of a decoupled model's responses."""

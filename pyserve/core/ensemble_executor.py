@@ -270,6 +270,7 @@ class EnsembleExecutor:
             entry.validate(inputs, requested)
             call = InferCall(request.id, inputs, dict(request.parameters), requested)
             step_request = build_request(entry, call, partial(self._on_step_response, run, index))
+            step_request.reply_spin = run.request.reply_spin
             step_request.deadline_ns = run.deadline_ns
             step_request.traceparent = child_traceparent(request)  # a traced run's steps join its trace
             run.running[step_request] = index

@@ -152,6 +152,10 @@ class InferenceRequest:
     trace: Any = None
     # With ServeConfig.stage_times on, an HTTP request's time.monotonic_ns() per stage (pyserve.core.stage_times).
     stamps: list[int] | None = None
+    # Whether the core may poll for the reply to this request's batch rather than sleep (ServeConfig.reply_spin_us).
+    # gRPC requests may not: grpc.aio's completion-queue thread needs the interpreter lock the polling loop holds
+    # (measured in docs/architecture.md, "gRPC throughput").
+    reply_spin: bool = True
 
 
 @dataclass(eq=False)

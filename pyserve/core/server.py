@@ -268,7 +268,7 @@ class CoreServer:
         self._spinning = False
         self._drain()
 
-    def _send(self, identity: bytes, header: Header, frames: list[Any] | None = None) -> None:
+    def _send(self, identity: bytes, header: Header, frames: list[Any] | None = None, spin: bool = True) -> None:
         assert self._loop is not None
         if self._socket is None:
             return  # closed: the core is stopping
@@ -277,7 +277,7 @@ class CoreServer:
         except zmq.ZMQError as exc:
             logger.warning("could not send to worker %r: %s", identity, exc)
         # Sending can consume the edge that announced pending input: look again soon.
-        if self._spin_ns:
+        if self._spin_ns and spin:
             self._spin_until_ns = time.monotonic_ns() + self._spin_ns
         self._loop.call_soon(self._drain)
 

@@ -340,6 +340,7 @@ class GrpcFrontend:
                     future.set_exception(InferenceError(f"could not encode the response: {exc}"))
 
             request = build_request(entry, call, on_response)
+            request.reply_spin = False  # the core's reply polling would starve grpc.aio's thread of the GIL
             if self.core.tracing.active:
                 request.traceparent = _traceparent(context)
             self.core.submit(request)
@@ -433,6 +434,7 @@ class _Stream:
                 self.queue.put_nowait(None)
 
         request = build_request(entry, call, on_response)
+        request.reply_spin = False
         request.traceparent = self.traceparent
         try:
             self.core.submit(request)
