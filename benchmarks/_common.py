@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -184,26 +185,37 @@ def running_server(spec: ServerSpec, log_path: Path) -> Iterator[str]:
 # PyTriton environment -----------------------------------------------------------------------------------------------
 
 
-def ensure_pytriton_venv(venv: Path = PYTRITON_VENV) -> Path:
-    """Create (once) a virtual environment with PyTriton; return its python. Cached by a marker file."""
+def _requirement_name(requirement: str) -> str:
+    return re.split(r"[=<>!~\[;\s]", requirement.strip(), maxsplit=1)[0].lower()
+
+
+def ensure_pytriton_venv(venv: Path = PYTRITON_VENV, extra: Sequence[str] = ()) -> Path:
+    """Create (once) a virtual environment with PyTriton and ``extra`` requirements; return its python.
+
+    A marker file lists what was installed; the environment is reused when it lists every requirement asked for.
+    Installing ``extra`` keeps the earlier lines of other packages, so a driver that asks for less reuses it.
+    """
     python = venv / "bin" / "python"
     marker = venv / PYTRITON_MARKER
-    wanted = "\n".join(PYTRITON_REQUIREMENTS)
-    if python.exists() and marker.exists() and marker.read_text() == wanted:
+    wanted = [*PYTRITON_REQUIREMENTS, *extra]
+    installed = marker.read_text().splitlines() if python.exists() and marker.exists() else []
+    if set(wanted) <= set(installed):
         return python
-    print(f"creating {venv} with {' '.join(PYTRITON_REQUIREMENTS)} (once) ...", flush=True)
+    print(f"setting up {venv} with {' '.join(wanted)} (once) ...", flush=True)
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=PIP_TIMEOUT_S)
     result = subprocess.run(
-        [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *PYTRITON_REQUIREMENTS],
+        [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *wanted],
         capture_output=True,
         text=True,
         timeout=PIP_TIMEOUT_S,
         check=False,
     )
     if result.returncode != 0:
-        raise BenchError(f"pip install {' '.join(PYTRITON_REQUIREMENTS)} failed:\n{result.stderr[-4000:]}")
-    marker.write_text(wanted)
+        raise BenchError(f"pip install {' '.join(wanted)} failed:\n{result.stderr[-4000:]}")
+    names = {_requirement_name(line) for line in wanted}
+    kept = [line for line in installed if _requirement_name(line) not in names]
+    marker.write_text("\n".join([*wanted, *kept]))
     return python
 
 

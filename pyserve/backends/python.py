@@ -307,8 +307,9 @@ class _Streams:
                 return False
             return all(final or request.is_cancelled for final, request in zip(self._final, self._batch, strict=True))
 
-    def rounds(self) -> Iterator[Round]:
-        """The responses as they are sent, until every request has ended (waiting in this thread)."""
+    def _polled(self) -> Iterator[Round | None]:
+        """Each round of responses as it is taken, or None when none waits yet (the caller then waits for a send
+        before the next one), until every request has ended: what ``rounds`` and ``rounds_async`` share."""
         name = current_model().name
         while True:
             taken = self._take()
@@ -317,27 +318,31 @@ class _Streams:
             elif self._ended():
                 return
             else:
-                with self._changed:
-                    if not any(self._pending):
-                        self._changed.wait(_WAIT_S)
+                yield None
+
+    def rounds(self) -> Iterator[Round]:
+        """The responses as they are sent, until every request has ended (waiting in this thread)."""
+        for taken in self._polled():
+            if taken is not None:
+                yield taken
+                continue
+            with self._changed:
+                if not any(self._pending):
+                    self._changed.wait(_WAIT_S)
 
     async def rounds_async(self) -> AsyncIterator[Round]:
         """``rounds`` for ``async def execute``: senders on the event loop (or other threads) wake it."""
-        name = current_model().name
         loop = asyncio.get_running_loop()
         sent = asyncio.Event()
         self._wake = lambda: loop.call_soon_threadsafe(sent.set)
         try:
-            while True:
-                sent.clear()
-                taken = self._take()
+            for taken in self._polled():
                 if taken is not None:
-                    yield [None if r is None else _outputs_of(name, r) for r in taken]
-                elif self._ended():
-                    return
+                    yield taken
                 else:
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(sent.wait(), _WAIT_S)
+                sent.clear()  # before the next take: a send from here on sets it again
         finally:
             self._wake = None
 

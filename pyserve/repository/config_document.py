@@ -71,8 +71,8 @@ def _json_value(field: Any, value: Any) -> Any:
 
 
 # Config fields pyserve acts on: a name maps to the fields used inside it, or to None when all of them are.
-_Used = Mapping[str, "_Used | None"]
-_USED: _Used = {
+UsedFields = Mapping[str, "UsedFields | None"]
+_USED: UsedFields = {
     **dict.fromkeys(("name", "platform", "backend", "version_policy", "max_batch_size", "dynamic_batching")),
     **dict.fromkeys(("default_model_filename", "parameters", "model_operations", "model_transaction_policy")),
     **dict.fromkeys(("model_repository_agents", "response_cache", "sequence_batching")),  # the last one is refused
@@ -84,15 +84,27 @@ _USED: _Used = {
 _USED_BY_ENSEMBLES = ("name", "platform", "version_policy", "max_batch_size", "input", "output", "ensemble_scheduling")
 
 
-def unused_fields(config: pb.ModelConfig) -> list[str]:
-    """The fields set in a config that pyserve ignores, as dotted paths (``optimization``, ``input.format``)."""
+def unused_fields(config: pb.ModelConfig, also_used: UsedFields | None = None) -> list[str]:
+    """The fields set in a config that pyserve ignores, as dotted paths (``optimization``, ``input.format``);
+    ``also_used`` names more that the model's backend reads."""
     used = _USED
     if is_ensemble(config):
         used = {key: value for key, value in _USED.items() if key in _USED_BY_ENSEMBLES}
-    return _unused(config, used, "")
+    return _unused(config, _merged(used, also_used or {}), "")
 
 
-def _unused(message: Any, used: _Used, prefix: str) -> list[str]:
+def _merged(used: UsedFields, more: UsedFields) -> UsedFields:
+    merged = dict(used)
+    for key, inner in more.items():
+        if key in used:
+            current = used[key]
+            merged[key] = None if current is None or inner is None else _merged(current, inner)
+        else:
+            merged[key] = inner
+    return merged
+
+
+def _unused(message: Any, used: UsedFields, prefix: str) -> list[str]:
     found: list[str] = []
     for field, value in message.ListFields():
         path = prefix + field.name

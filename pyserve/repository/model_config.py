@@ -3,17 +3,20 @@ files, as the ``ModelSpec`` / ``EnsembleSpec`` the core serves.
 
 ``read_model`` follows tritonserver: the directory's name is the model's; ``version_policy`` picks the version
 directories; without ``--strict-model-config`` what the config leaves out is completed from the model file
-(``pyserve.repository.autocomplete``); Triton's defaults are then filled in. Config fields pyserve does not use are
-reported in ``ModelDefinition.warnings`` (``pyserve.repository.config_document``); ``sequence_batching`` is refused.
-Every error is a one-line ``ConfigError`` naming the model.
+(``pyserve.repository.autocomplete``); Triton's defaults are then filled in (a ``KIND_GPU`` instance group without
+``gpus`` is placed on every visible GPU). Fields Triton's backends read that pyserve's take as ``parameters`` are
+mapped there (``pyserve.repository.backend_parameters``). Config fields pyserve does not use are reported in
+``ModelDefinition.warnings`` (``pyserve.repository.config_document``); ``sequence_batching`` is refused. Every error
+is a one-line ``ConfigError`` naming the model.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ from pyserve.ensemble import EnsembleSpec, Step
 from pyserve.errors import ConfigError
 from pyserve.frontends.protocol import model_config_pb2 as pb
 from pyserve.repository.autocomplete import complete_config
+from pyserve.repository.backend_parameters import MAPPED_FIELDS, backend_parameters
 from pyserve.repository.config_document import (
     ENSEMBLE,
     config_json,
@@ -33,6 +37,7 @@ from pyserve.repository.config_document import (
     parse_config_text,
     unused_fields,
 )
+from pyserve.repository.gpus import visible_gpu_count
 from pyserve.repository.hooks import LoadHook, check_agents, checksum_hook, run_hooks
 
 
@@ -84,6 +89,7 @@ def read_model(
     config_override: str | None = None,
     files: Mapping[str, bytes] | None = None,
     hooks: Sequence[LoadHook] = (),
+    gpu_count: Callable[[], int] = visible_gpu_count,
 ) -> ModelDefinition:
     """Read the model in ``model_dir`` (its name is the directory's).
 
@@ -91,26 +97,28 @@ def read_model(
     -> bytes, Triton's load-API file override) are written into a new temporary model directory used instead of
     ``model_dir`` (see ``ModelDefinition``). ``strict`` (tritonserver's ``--strict-model-config``) turns
     auto-complete off. The checksum check, then ``hooks``, run on the directory before the model files are read;
-    a hook may hand back another directory to read them from.
+    a hook may hand back another directory to read them from. ``gpu_count`` counts the GPUs instance groups may be
+    placed on (asked only where a group's kind or ``gpus`` leaves it open).
     """
     if files is None:
-        return _read_model(model_dir.name, model_dir, strict, config_override, hooks)
+        return _read_model(model_dir.name, model_dir, strict, config_override, hooks, gpu_count)
     written = layout.write_model_files(model_dir.name, files)
     try:
-        return _read_model(model_dir.name, written, strict, config_override, hooks)
+        return _read_model(model_dir.name, written, strict, config_override, hooks, gpu_count)
     except BaseException:
         shutil.rmtree(written, ignore_errors=True)
         raise
 
 
 def _read_model(
-    name: str, model_dir: Path, strict: bool, config_override: str | None, hooks: Sequence[LoadHook]
+    name: str,
+    model_dir: Path,
+    strict: bool,
+    config_override: str | None,
+    hooks: Sequence[LoadHook],
+    gpu_count: Callable[[], int],
 ) -> ModelDefinition:
     config = _load_config(name, model_dir, config_override, strict)
-    warnings = tuple(
-        f"model '{name}': field '{field}' is set but is not supported by pyserve and is ignored"
-        for field in unused_fields(config)
-    )
     if config.name and config.name != name:
         raise ConfigError(
             f"model '{name}': the config names the model '{config.name}'; the name must equal the directory's "
@@ -126,11 +134,12 @@ def _read_model(
     model_dir = run_hooks(model_dir, config, (checksum_hook, *hooks))
     versions = layout.select_versions(name, config.version_policy, layout.version_dirs(model_dir))
     if is_ensemble(config):
-        return _read_ensemble(name, model_dir, config, versions, warnings)
+        return _read_ensemble(name, model_dir, config, versions, _unused_warnings(name, config, ENSEMBLE))
     if not versions:
         raise ConfigError(f"model '{name}': no version directory (a numeric subdirectory such as 1/) in {model_dir}")
     backend_name = _backend_name(name, model_dir, config, versions)
     module = _backend_module(name, backend_name)
+    warnings = _unused_warnings(name, config, backend_name)  # of the config as written, before it is completed
     filename = config.default_model_filename or module.DEFAULT_MODEL_FILENAME
     model_files = {version: model_dir / str(version) / filename for version in versions}
     for version, model_file in model_files.items():
@@ -138,9 +147,10 @@ def _read_model(
             raise ConfigError(f"model '{name}': version {version} has no model file {version}/{filename}")
     if not strict:
         complete_config(name, config, module, model_files[versions[-1]])
-    _normalize(config, backend_name, module)
+    _normalize(config, backend_name, module, functools.cache(gpu_count))
+    mapped = backend_parameters(name, backend_name, config)
     with _about(name):
-        specs = {version: _model_spec(name, version, config) for version in versions}
+        specs = {version: _model_spec(name, version, config, mapped.parameters) for version in versions}
     return ModelDefinition(
         name=name,
         backend=backend_name,
@@ -151,7 +161,7 @@ def _read_model(
         reshape=_reshapes(config),
         op_libraries=layout.op_libraries(model_dir, config.model_operations.op_library_filename),
         config_json=config_json(config),
-        warnings=warnings,
+        warnings=warnings + mapped.warnings,
     )
 
 
@@ -175,6 +185,13 @@ def _load_config(name: str, model_dir: Path, config_override: str | None, strict
             f"model '{name}': no {layout.CONFIG_FILENAME} in {model_dir} (a strict model config must be written out)"
         )
     return pb.ModelConfig()
+
+
+def _unused_warnings(name: str, config: pb.ModelConfig, backend_name: str) -> tuple[str, ...]:
+    return tuple(
+        f"model '{name}': field '{field}' is set but is not supported by pyserve and is ignored"
+        for field in unused_fields(config, MAPPED_FIELDS.get(backend_name))
+    )
 
 
 def _backend_name(name: str, model_dir: Path, config: pb.ModelConfig, versions: list[int]) -> str:
@@ -239,7 +256,7 @@ def _read_ensemble(
 # Triton's defaults --------------------------------------------------------------------------------------------------
 
 
-def _normalize(config: pb.ModelConfig, backend_name: str, module: Backend) -> None:
+def _normalize(config: pb.ModelConfig, backend_name: str, module: Backend, gpu_count: Callable[[], int]) -> None:
     """Fill the defaults Triton fills before it serves a config (and answers it on /config), in place."""
     config.backend = backend_name
     if not config.platform and module.PLATFORMS:
@@ -255,9 +272,18 @@ def _normalize(config: pb.ModelConfig, backend_name: str, module: Backend) -> No
         group.name = group.name or f"{config.name}_{index}"
         group.count = max(group.count, 1)
         if group.kind == pb.ModelInstanceGroup.KIND_AUTO:
-            group.kind = pb.ModelInstanceGroup.KIND_GPU if group.gpus else pb.ModelInstanceGroup.KIND_CPU
+            # As in Triton: on the GPUs when any is visible and every one listed is, else on the CPU.
+            visible = gpu_count()
+            if visible and all(0 <= gpu < visible for gpu in group.gpus):
+                group.kind = pb.ModelInstanceGroup.KIND_GPU
+            else:
+                group.kind = pb.ModelInstanceGroup.KIND_CPU
+                del group.gpus[:]
         if group.kind == pb.ModelInstanceGroup.KIND_GPU and not group.gpus:
-            group.gpus.append(0)
+            visible = gpu_count()
+            if not visible:
+                raise ConfigError(f"model '{config.name}': instance_group asks for KIND_GPU but no GPU is visible")
+            group.gpus.extend(range(visible))
     if not config.default_model_filename:
         config.default_model_filename = module.DEFAULT_MODEL_FILENAME
 
@@ -265,7 +291,7 @@ def _normalize(config: pb.ModelConfig, backend_name: str, module: Backend) -> No
 # onto pyserve's definitions ---------------------------------------------------------------------------------------
 
 
-def _model_spec(name: str, version: int, config: pb.ModelConfig) -> ModelSpec:
+def _model_spec(name: str, version: int, config: pb.ModelConfig, parameters: dict[str, str]) -> ModelSpec:
     if not config.input or not config.output:
         missing = "input" if not config.input else "output"
         raise ConfigError(f"no {missing} is declared, and none could be read from the model file; declare it")
@@ -278,7 +304,7 @@ def _model_spec(name: str, version: int, config: pb.ModelConfig) -> ModelSpec:
         devices=devices,
         worker=WorkerKind.PROCESS,
         response_cache=config.response_cache.enable,
-        parameters={key: parameter.string_value for key, parameter in config.parameters.items()},
+        parameters=dict(parameters),
     )
     return ModelSpec(
         name=name,

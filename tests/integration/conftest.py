@@ -248,6 +248,17 @@ def grpc_client(server: Serve) -> Iterator[triton_grpc.InferenceServerClient]:
     c.close()
 
 
+def triton_http_for(server: Serve, **options: Any) -> triton_http.InferenceServerClient:
+    """Triton's HTTP client for a server a test module starts itself (``with`` closes it); ``options`` are the
+    client's."""
+    return triton_http.InferenceServerClient(f"127.0.0.1:{server.http_port}", network_timeout=30.0, **options)
+
+
+def triton_grpc_for(server: Serve) -> triton_grpc.InferenceServerClient:
+    """Triton's gRPC client for a server a test module starts itself (``with`` closes it)."""
+    return triton_grpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+
+
 @dataclasses.dataclass
 class RawResponse:
     """One HTTP response as read off the socket (header names lower-cased)."""

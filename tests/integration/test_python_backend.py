@@ -10,14 +10,14 @@ import json
 import queue
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from google.protobuf import text_format
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from pyserve import ModelConfig, Serve, ServeConfig, Tensor
 from pyserve.backends import BackendModel, backend
@@ -27,11 +27,15 @@ from pyserve.errors import ConfigError
 from pyserve.frontends.protocol import model_config_pb2
 from pyserve.repository.config_document import config_json
 
+from .conftest import triton_grpc_for, triton_http_for
+
 pytestmark = pytest.mark.integration
 
 MODELS = Path(__file__).resolve().parents[1] / "data" / "python_models"
 STREAM_TIMEOUT_S = 10
 FINAL = "triton_final_response"
+# The InferInput of Triton's HTTP or gRPC client.
+InferInput = TypeVar("InferInput", triton_http.InferInput, triton_grpc.InferInput)
 
 
 def fp32(name: str, shape: tuple[int, ...] = (-1,)) -> Tensor:
@@ -122,55 +126,50 @@ def described(name: str) -> tuple[list[Tensor], list[Tensor], ModelConfig]:
 
 @pytest.fixture(scope="module")
 def http(server: Serve) -> Iterator[triton_http.InferenceServerClient]:
-    client = triton_http.InferenceServerClient(f"127.0.0.1:{server.http_port}", network_timeout=30.0)
-    yield client
-    client.close()
+    with triton_http_for(server) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
 def grpc(server: Serve) -> Iterator[triton_grpc.InferenceServerClient]:
-    client = triton_grpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
-    yield client
-    client.close()
+    with triton_grpc_for(server) as client:
+        yield client
+
+
+def infer_inputs(input_type: type[InferInput], **arrays: np.ndarray) -> list[InferInput]:
+    """The client's inputs holding ``arrays``, by name."""
+    inputs = []
+    for name, array in arrays.items():
+        infer_input = input_type(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        infer_input.set_data_from_numpy(array)
+        inputs.append(infer_input)
+    return inputs
 
 
 def http_inputs(**arrays: np.ndarray) -> list[triton_http.InferInput]:
-    inputs = []
-    for name, array in arrays.items():
-        datatype = "BYTES" if array.dtype == object else {"float32": "FP32", "int32": "INT32"}[array.dtype.name]
-        infer_input = triton_http.InferInput(name, list(array.shape), datatype)
-        infer_input.set_data_from_numpy(array)
-        inputs.append(infer_input)
-    return inputs
+    return infer_inputs(triton_http.InferInput, **arrays)
 
 
 def grpc_inputs(**arrays: np.ndarray) -> list[triton_grpc.InferInput]:
-    inputs = []
-    for name, array in arrays.items():
-        datatype = "BYTES" if array.dtype == object else {"float32": "FP32", "int32": "INT32"}[array.dtype.name]
-        infer_input = triton_grpc.InferInput(name, list(array.shape), datatype)
-        infer_input.set_data_from_numpy(array)
-        inputs.append(infer_input)
-    return inputs
+    return infer_inputs(triton_grpc.InferInput, **arrays)
 
 
 def stream(server: Serve, model: str, count: int) -> list[tuple[Any, InferenceServerException | None]]:
     """Every event of one request on a gRPC stream, up to its final response (or error)."""
-    client = triton_grpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
     events: queue.Queue[tuple[Any, InferenceServerException | None]] = queue.Queue()
-    client.start_stream(lambda result, error: events.put((result, error)))
-    try:
-        inputs = grpc_inputs(IN=np.array([count], np.int32))
-        client.async_stream_infer(model, inputs, request_id="s", enable_empty_final_response=True)
-        seen = []
-        while True:
-            result, error = events.get(timeout=STREAM_TIMEOUT_S)
-            seen.append((result, error))
-            if error is not None or result.get_response().parameters[FINAL].bool_param:
-                return seen
-    finally:
-        client.stop_stream(cancel_requests=True)  # a stream the model never ended must not hang the test
-        client.close()
+    with triton_grpc_for(server) as client:
+        client.start_stream(lambda result, error: events.put((result, error)))
+        try:
+            inputs = grpc_inputs(IN=np.array([count], np.int32))
+            client.async_stream_infer(model, inputs, request_id="s", enable_empty_final_response=True)
+            seen = []
+            while True:
+                result, error = events.get(timeout=STREAM_TIMEOUT_S)
+                seen.append((result, error))
+                if error is not None or result.get_response().parameters[FINAL].bool_param:
+                    return seen
+        finally:
+            client.stop_stream(cancel_requests=True)  # a stream the model never ended must not hang the test
 
 
 # a Triton model, unchanged -----------------------------------------------------------------------------------------
@@ -347,15 +346,12 @@ def test_initialize_args_request_api_and_finalize(tmp_path: Path) -> None:
         bind_python_model(
             s, "inspect", [fp32("INPUT0", (3,))], [fp32("OUTPUT0", (3,)), Tensor("REPORT", bytes, (1,))], config
         )
-        client = triton_http.InferenceServerClient(f"127.0.0.1:{s.http_port}")
-        try:
-            values = np.array([1.0, 2.0, 3.0], np.float32)
+        values = np.array([1.0, 2.0, 3.0], np.float32)
+        with triton_http_for(s) as client:
             result = client.infer("inspect", http_inputs(INPUT0=values), request_id="r-1", parameters={"answer": 42})
             limited = client.infer(
                 "inspect", http_inputs(INPUT0=values), outputs=[triton_http.InferRequestedOutput("REPORT")]
             )
-        finally:
-            client.close()
         assert not marker.exists()
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), values)
     report = json.loads(result.as_numpy("REPORT")[0])

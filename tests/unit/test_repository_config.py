@@ -1,17 +1,19 @@
-"""Reading a model's config.pbtxt as Triton users write it: every field pyserve maps, the errors (one clear line
-each), the fields it ignores, ensembles, the load API's config and file overrides, the config's JSON form, and
-auto-complete from an ONNX file."""
+"""Reading a model's config.pbtxt as Triton users write it: every field pyserve maps, instance groups placed on the
+visible GPUs, the fields backends read as parameters, the errors (one clear line each), the fields it ignores,
+ensembles, the load API's config and file overrides, the config's JSON form, and auto-complete from an ONNX file."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pyserve.backends import onnxruntime, tensorrt
 from pyserve.config import DynamicBatcher, QueuePolicy, Tensor, TimeoutAction, WorkerKind
 from pyserve.ensemble import Step
 from pyserve.errors import ConfigError
@@ -35,7 +37,14 @@ def write_model(root: Path, config: str | None, files: tuple[str, ...] = ("1/mod
     return model_dir
 
 
+def gpus(count: int) -> Callable[[], int]:
+    """A GPU count for ``read_model``: this many GPUs are visible."""
+    return lambda: count
+
+
 def read(tmp_path: Path, config: str | None, files: tuple[str, ...] = ("1/model.onnx",), **kw: Any) -> ModelDefinition:
+    """Read the model written from ``config``, on a machine with no GPU unless ``gpu_count`` says otherwise."""
+    kw.setdefault("gpu_count", gpus(0))
     return read_model(write_model(tmp_path, config, files), **kw)
 
 
@@ -115,21 +124,52 @@ def test_platform_names_the_backend(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("groups", "instances", "devices"),
+    ("groups", "visible", "instances", "devices"),
     [
         (
             "[ { count: 2 kind: KIND_GPU gpus: [ 0, 1 ] }, { kind: KIND_CPU } ]",
+            2,
             5,
             ("cuda:0",) * 2 + ("cuda:1",) * 2 + ("cpu",),
         ),
-        ("[ { kind: KIND_GPU } ]", 1, ("cuda:0",)),
-        ("[ { count: 3 gpus: [ 1 ] } ]", 3, ("cuda:1",) * 3),  # KIND_AUTO with gpus places on them
-        ("[ { count: 2 kind: KIND_CPU }, { kind: KIND_MODEL }, { } ]", 4, ()),
+        ("[ { kind: KIND_GPU } ]", 2, 2, ("cuda:0", "cuda:1")),  # no gpus: every visible GPU, as in Triton
+        ("[ { count: 2 kind: KIND_GPU } ]", 3, 6, ("cuda:0",) * 2 + ("cuda:1",) * 2 + ("cuda:2",) * 2),
+        ("[ { count: 3 gpus: [ 1 ] } ]", 2, 3, ("cuda:1",) * 3),  # KIND_AUTO: on the GPUs listed when visible,
+        ("[ { count: 3 gpus: [ 1 ] } ]", 1, 3, ()),  # else on the CPU
+        ("[ { count: 2 } ]", 2, 4, ("cuda:0",) * 2 + ("cuda:1",) * 2),  # KIND_AUTO: every GPU when there is one,
+        ("[ { count: 2 kind: KIND_CPU }, { kind: KIND_MODEL }, { } ]", 0, 4, ()),  # else the CPU
     ],
 )
-def test_instance_groups_place_instances(tmp_path: Path, groups: str, instances: int, devices: tuple[str, ...]) -> None:
-    config = read(tmp_path, f"{BATCHING}instance_group {groups}").specs[1].config
+def test_instance_groups_place_instances(
+    tmp_path: Path, groups: str, visible: int, instances: int, devices: tuple[str, ...]
+) -> None:
+    config = read(tmp_path, f"{BATCHING}instance_group {groups}", gpu_count=gpus(visible)).specs[1].config
     assert (config.instances, config.devices) == (instances, devices)
+
+
+def test_without_instance_groups_a_model_runs_once_on_each_gpu_or_on_the_cpu(tmp_path: Path) -> None:
+    definition = read(tmp_path, BATCHING, gpu_count=gpus(2))
+    assert definition.specs[1].config.devices == ("cuda:0", "cuda:1")
+    (group,) = definition.config_json["instance_group"]
+    assert (group["kind"], group["count"], group["gpus"]) == ("KIND_GPU", 1, [0, 1])  # what /config answers
+    shutil.rmtree(tmp_path / "m")
+    assert read(tmp_path, BATCHING, gpu_count=gpus(0)).specs[1].config.devices == ()
+
+
+def test_gpus_are_counted_once_and_only_where_a_group_leaves_them_open(tmp_path: Path) -> None:
+    counted: list[int] = []
+
+    def two_gpus() -> int:
+        counted.append(2)
+        return 2
+
+    read(
+        tmp_path, BATCHING + "instance_group [ { kind: KIND_CPU }, { kind: KIND_GPU gpus: [ 1 ] } ]", gpu_count=two_gpus
+    )
+    assert counted == []
+    shutil.rmtree(tmp_path / "m")
+    read(tmp_path, BATCHING + "instance_group [ { kind: KIND_GPU }, { }, { gpus: [ 0 ] } ]", gpu_count=two_gpus)
+    assert counted == [2]
 
 
 def test_the_version_policy_selects_the_specs(tmp_path: Path) -> None:
@@ -160,6 +200,11 @@ def test_the_version_policy_selects_the_specs(tmp_path: Path) -> None:
         (BATCHING + "dynamic_batching { preferred_batch_size: [ 32 ] }", None, "exceeds max_batch_size 8"),
         (BATCHING + "dynamic_batching { priority_levels: 2 }", None, "default_priority_level 0 must be in 1..2"),
         (BATCHING + "instance_group [ { kind: KIND_CPU gpus: [ 0 ] } ]", None, "of kind KIND_CPU lists gpus"),
+        (
+            BATCHING + "instance_group [ { kind: KIND_GPU } ]",
+            None,
+            "^model 'm': instance_group asks for KIND_GPU but no GPU is visible$",
+        ),
         ('backend: "onnxruntime"\nmax_batch_size: 8\n', None, "cannot read the tensors of model.onnx to complete"),
         ("max_batch_size: 8\n" + TENSORS, ("1/weights.bin",), "neither backend nor platform is configured"),
     ],
@@ -190,19 +235,119 @@ def test_fields_pyserve_ignores_are_reported_once_each(tmp_path: Path) -> None:
         BATCHING.replace(
             "dims: [ 3 ] } ]\noutput", "dims: [ 3 ] allow_ragged_batch: true format: FORMAT_NHWC } ]\noutput"
         )
-        + 'optimization { execution_accelerators { gpu_execution_accelerator [ { name: "tensorrt" } ] } }\n'
+        + "optimization { cuda { graphs: true } }\n"
         + 'model_warmup [ { name: "w" batch_size: 1 } ]\n'
         + 'metric_tags { key: "team" value: "vision" }\n'
         + "instance_group [ { count: 1 rate_limiter { priority: 1 } }, { rate_limiter { priority: 2 } } ]\n"
     )
     definition = read(tmp_path, config)
-    ignored = ["input.format", "input.allow_ragged_batch", "optimization", "instance_group.rate_limiter"]
+    ignored = ["input.format", "input.allow_ragged_batch", "optimization.cuda", "instance_group.rate_limiter"]
     ignored += ["metric_tags", "model_warmup"]
     assert sorted(definition.warnings) == sorted(
         f"model 'm': field '{field}' is set but is not supported by pyserve and is ignored" for field in ignored
     )
     assert definition.specs[1].config.instances == 2
 
+
+# fields backends read as parameters ------------------------------------------------------------------------------
+
+ONNX_OPTIMIZATION = """
+optimization {
+  graph { level: 1 }
+  execution_accelerators {
+    gpu_execution_accelerator [ {
+      name: "tensorrt"
+      parameters { key: "precision_mode" value: "FP16" }
+      parameters { key: "trt_engine_cache_enable" value: "1" }
+    } ]
+    cpu_execution_accelerator [ { name: "openvino" } ]
+  }
+  input_pinned_memory { enable: false }
+}
+"""
+
+
+def test_onnxruntime_reads_the_optimization_block_as_its_parameters(tmp_path: Path) -> None:
+    definition = read(tmp_path, BATCHING + ONNX_OPTIMIZATION)
+    parameters = definition.specs[1].config.parameters
+    assert parameters == {
+        "graph_optimization_level": "1",
+        "execution_accelerator": "tensorrt",
+        "precision_mode": "FP16",
+        "trt_engine_cache_enable": "1",
+    }
+    assert definition.warnings == (
+        "model 'm': field 'optimization.input_pinned_memory' is set but is not supported by pyserve and is ignored",
+        "model 'm': cpu_execution_accelerator 'openvino' is not supported by pyserve and is ignored: the model runs "
+        "on ONNX Runtime's CPU provider",
+    )
+    session = onnxruntime.SessionConfig.from_parameters("m", parameters)  # the names the backend reads
+    assert (session.graph_level, session.tensorrt) == (1, True)
+    assert session.tensorrt_options == {"trt_engine_cache_enable": "1", "trt_fp16_enable": "True"}
+
+
+def test_the_cuda_accelerator_alone_keeps_onnxruntime_on_cuda(tmp_path: Path) -> None:
+    accelerator = '{ name: "cuda" parameters { key: "cudnn_conv_algo_search" value: "1" } }'
+    optimization = f"optimization {{ execution_accelerators {{ gpu_execution_accelerator [ {accelerator} ] }} }}"
+    parameters = read(tmp_path, BATCHING + optimization).specs[1].config.parameters
+    assert parameters == {"execution_accelerator": "cuda", "cudnn_conv_algo_search": "1"}
+
+
+def test_tensorrt_reads_the_instance_group_profile_as_its_parameter(tmp_path: Path) -> None:
+    config = BATCHING.replace("onnxruntime", "tensorrt") + 'instance_group [ { kind: KIND_GPU profile: [ "1" ] } ]'
+    definition = read(tmp_path, config + ONNX_OPTIMIZATION, ("1/model.plan",), gpu_count=gpus(1))
+    assert definition.specs[1].config.parameters == {"optimization_profile": "1"}
+    assert definition.warnings == (
+        "model 'm': field 'optimization' is set but is not supported by pyserve and is ignored",
+    )
+    assert tensorrt.create(definition.backend_model(1, None)).profile == 1
+
+
+@pytest.mark.parametrize(
+    ("backend", "files", "ignored"),
+    [
+        ("pytorch", ("1/model.pt",), ["instance_group.profile", "optimization"]),
+        ("onnxruntime", ("1/model.onnx",), ["instance_group.profile"]),
+    ],
+)
+def test_other_backends_map_nothing_and_report_the_fields(
+    tmp_path: Path, backend: str, files: tuple[str, ...], ignored: list[str]
+) -> None:
+    optimization = "optimization { graph { level: 1 } }" if backend == "pytorch" else ""
+    config = BATCHING.replace("onnxruntime", backend) + 'instance_group [ { profile: [ "0" ] } ]' + optimization
+    definition = read(tmp_path, config, files)
+    assert definition.specs[1].config.parameters == {}
+    assert definition.warnings == tuple(
+        f"model 'm': field '{field}' is set but is not supported by pyserve and is ignored" for field in ignored
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (
+            BATCHING + 'parameters { key: "graph_optimization_level" value { string_value: "2" } }'
+            "optimization { graph { level: 1 } }",
+            "parameter 'graph_optimization_level' is '2', but optimization.graph.level sets it to '1'",
+        ),
+        (
+            BATCHING + 'optimization { execution_accelerators { gpu_execution_accelerator [ { name: "x" } ] } }',
+            "gpu_execution_accelerator 'x' is not one of the onnxruntime backend's \\(tensorrt, cuda\\)",
+        ),
+        (
+            BATCHING.replace("onnxruntime", "tensorrt")
+            + 'instance_group [ { kind: KIND_CPU profile: [ "0" ] }, { kind: KIND_CPU profile: [ "1" ] } ]',
+            r"instance_group profiles \['0', '1'\]: pyserve's TensorRT backend runs one optimization profile",
+        ),
+    ],
+)
+def test_a_field_a_backend_cannot_take_is_one_clear_error(tmp_path: Path, config: str, message: str) -> None:
+    files = ("1/model.plan",) if "tensorrt" in config else ("1/model.onnx",)
+    with pytest.raises(ConfigError, match=f"^model 'm': {message}"):
+        read(tmp_path, config, files)
+
+
+# ensembles ------------------------------------------------------------------------------------------------------
 
 ENSEMBLE = """
 platform: "ensemble"
@@ -278,18 +423,14 @@ def test_the_config_json_has_tritons_shape(tmp_path: Path) -> None:
     assert document["dynamic_batching"]["max_queue_delay_microseconds"] == 100
     assert document["dynamic_batching"]["priority_queue_policy"] == {}
     assert document["optimization"]["input_pinned_memory"] == {"enable": True}
-    assert document["instance_group"] == [
-        {
-            "name": "m_0",
-            "kind": "KIND_CPU",
-            "count": 1,
-            "gpus": [],
-            "secondary_devices": [],
-            "profile": [],
-            "passive": False,
-            "host_policy": "",
-        }
-    ]
+    (group,) = document["instance_group"]  # Triton's default group, its fields written out as the input's are
+    assert (group["name"], group["kind"], group["count"], group["gpus"], group["profile"]) == (
+        "m_0",
+        "KIND_CPU",
+        1,
+        [],
+        [],
+    )
     assert document["default_model_filename"] == "model.onnx"
 
 
