@@ -48,7 +48,7 @@ def infer(
     call = _start(channel, model, inputs, version, outputs, parameters, timeout_s, request_id, stream=False)
     try:
         channel.wait(call)
-        return _single(channel, call)
+        return single_response(channel, call)
     finally:
         channel.abandon(call)
 
@@ -68,7 +68,7 @@ async def ainfer(
     call = _start(channel, model, inputs, version, outputs, parameters, timeout_s, request_id, stream=False)
     try:
         await channel.wait_async(call)
-        return _single(channel, call)
+        return single_response(channel, call)
     finally:
         channel.abandon(call)
 
@@ -87,7 +87,7 @@ def infer_stream(
     closing the iterator early (or leaving the function) withdraws it."""
     channel = current_channel("pyserve.infer_stream()")
     call = _start(channel, model, inputs, version, outputs, parameters, timeout_s, request_id, stream=True)
-    return _Responses(channel, call)
+    return Responses(channel, call)
 
 
 def ainfer_stream(
@@ -103,7 +103,7 @@ def ainfer_stream(
     """``infer_stream`` for ``async def`` functions: ``async for response in pyserve.ainfer_stream(...)``."""
     channel = current_channel("pyserve.ainfer_stream()")
     call = _start(channel, model, inputs, version, outputs, parameters, timeout_s, request_id, stream=True)
-    return _AsyncResponses(channel, call)
+    return AsyncResponses(channel, call)
 
 
 def _start(
@@ -130,14 +130,15 @@ def _start(
     )
 
 
-def _single(channel: BlsChannel, call: BlsCall) -> dict[str, np.ndarray]:
+def single_response(channel: BlsChannel, call: BlsCall) -> dict[str, np.ndarray]:
+    """The one response of a call that is not streamed (raises its error)."""
     result = channel.take(call)
     if result is None:  # the core always answers a call with outputs or an error
         raise AssertionError(f"BLS call to model '{call.model}' ended without a response")
     return result
 
 
-class _Responses(Iterator[dict[str, np.ndarray]]):
+class Responses(Iterator[dict[str, np.ndarray]]):
     """The responses of a streaming BLS call."""
 
     def __init__(self, channel: BlsChannel, call: BlsCall) -> None:
@@ -156,7 +157,7 @@ class _Responses(Iterator[dict[str, np.ndarray]]):
         self._channel.abandon(self._call)
 
 
-class _AsyncResponses(AsyncIterator[dict[str, np.ndarray]]):
+class AsyncResponses(AsyncIterator[dict[str, np.ndarray]]):
     """The responses of a streaming BLS call, for ``async for``."""
 
     def __init__(self, channel: BlsChannel, call: BlsCall) -> None:

@@ -21,9 +21,10 @@ from typing import Any
 
 from pyserve._version import __version__
 from pyserve.config import ModelConfig, ServeConfig, Tensor
+from pyserve.core_process import core_starts
 from pyserve.dtypes import DATATYPES, datatype_of
 from pyserve.errors import ConfigError, PyServeError
-from pyserve.serve import Serve, core_starts
+from pyserve.serve import Serve
 
 logger = logging.getLogger(__name__)
 

@@ -9,49 +9,31 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import itertools
 import logging
 import os
 import reprlib
-import select
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
-import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-import orjson
-import zmq
+import numpy as np
 
 from pyserve.config import ModelConfig, ModelSpec, ServeConfig, Tensor, WorkerKind, as_tensors
-from pyserve.core.supervisor import open_pidfd
+from pyserve.core_process import STOP_TIMEOUT_S, CoreProcess
 from pyserve.ensemble import EnsembleSpec, Step, check_models, spec_lookup
 from pyserve.errors import ConfigError, ModelAlreadyBoundError, ServerError
-from pyserve.transport.messages import pack_header, unpack_header
+from pyserve.inprocess import LocalCaller
 from pyserve.transport.payload import build_payload
-from pyserve.transport.protocol import ControlReply, Header, Load, LoadEnsemble, Serving, kind_of
+from pyserve.transport.protocol import Load, LoadEnsemble, Serving
 from pyserve.transport.shm import remove_segments
 from pyserve.worker.instance import InstanceRunner
 
 logger = logging.getLogger(__name__)
-
-_CONTROL_TIMEOUT_S = 30.0
-_STOP_TIMEOUT_S = 5.0
-# Core processes this process has started: the CLI compares the count around importing a module, because a module
-# written like the Quickstart serves (and has stopped again) by the time its import returns.
-_core_starts = 0
-
-
-def core_starts() -> int:
-    """How many times a Serve in this process has started its core process."""
-    return _core_starts
 
 
 @dataclasses.dataclass(eq=False)
@@ -76,18 +58,13 @@ class Serve:
         self._models: dict[tuple[str, int], _BoundModel] = {}
         self._ensembles: dict[tuple[str, int], EnsembleSpec] = {}
         self._loaded_ensembles: set[tuple[str, int]] = set()
-        self._process: subprocess.Popen[bytes] | None = None
-        self._control: zmq.Socket[Any] | None = None
-        self._control_lock = threading.Lock()
-        self._request_ids = itertools.count(1)
+        self._core: CoreProcess | None = None
         self._stop_event = threading.Event()
         # Thread instances sleep on the read end; stop() closes the write end to wake them (see _wake_fd).
         self._wake_pipe: tuple[int, int] | None = None
-        self._runtime_dir: str | None = None
         self._session = f"pyserve-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._router_address = ""
-        self._cancel_address = ""
         self._announced = False
+        self._local: LocalCaller | None = None
         self.http_port = 0
         self.grpc_port = 0
         self.metrics_port = 0
@@ -132,7 +109,7 @@ class Serve:
             raise ModelAlreadyBoundError(f"an ensemble named '{model_name}' is already bound")
         bound = _BoundModel(spec, functions, payload)
         self._models[key] = bound
-        if self._process is not None:
+        if self._core is not None:
             try:
                 self._load(bound)
             except BaseException:
@@ -183,9 +160,79 @@ class Serve:
         target = backend_module(name).create(model)
         self._add_model(spec, [target], build_payload(spec, [target]))
 
+    # in-process calls -----------------------------------------------------------------------------------------------
+
+    def infer(
+        self,
+        model_name: str,
+        inputs: Mapping[str, Any],
+        *,
+        model_version: int | None = None,
+        outputs: Sequence[str] | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+        request_id: str = "",
+    ) -> dict[str, np.ndarray]:
+        """Call a model of this running server from its own process, without HTTP or gRPC.
+
+        ``inputs`` maps names to arrays (with the batch dimension when the model batches); returns the outputs (all,
+        or ``outputs``) as numpy arrays. The call is scheduled and batched with the network requests, counts in the
+        statistics, and raises the same errors (``InvalidInputError``, ``ModelNotFoundError``, ...). Any thread may
+        call it (each gets a socket of its own); inside an infer function use ``pyserve.infer`` (BLS) instead.
+        """
+        return self._local_calls().infer(model_name, inputs, **_call_options(locals()))
+
+    async def ainfer(
+        self,
+        model_name: str,
+        inputs: Mapping[str, Any],
+        *,
+        model_version: int | None = None,
+        outputs: Sequence[str] | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+        request_id: str = "",
+    ) -> dict[str, np.ndarray]:
+        """``infer`` for asyncio code: awaits the outputs on the running event loop."""
+        return await self._local_calls().ainfer(model_name, inputs, **_call_options(locals()))
+
+    def infer_stream(
+        self,
+        model_name: str,
+        inputs: Mapping[str, Any],
+        *,
+        model_version: int | None = None,
+        outputs: Sequence[str] | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+        request_id: str = "",
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """Call a decoupled (streaming) model and iterate its responses as they come; closing the iterator early
+        withdraws the request."""
+        return self._local_calls().infer_stream(model_name, inputs, **_call_options(locals()))
+
+    def ainfer_stream(
+        self,
+        model_name: str,
+        inputs: Mapping[str, Any],
+        *,
+        model_version: int | None = None,
+        outputs: Sequence[str] | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+        request_id: str = "",
+    ) -> AsyncIterator[dict[str, np.ndarray]]:
+        """``infer_stream`` for ``async for``."""
+        return self._local_calls().ainfer_stream(model_name, inputs, **_call_options(locals()))
+
+    def _local_calls(self) -> LocalCaller:
+        if self._local is None or not self.is_running:
+            raise ServerError("Serve.infer() needs a running server: call run() (or use `with Serve() as s:`) first")
+        return self._local
+
     def run(self) -> Serve:
         """Start the core process and load every bound model; returns once all are ready."""
-        if self._process is None:
+        if self._core is None:
             self._stop_event.clear()
             self._start_core()
             atexit.register(self.stop)
@@ -196,7 +243,7 @@ class Serve:
             if key not in self._loaded_ensembles:
                 self._load_ensemble(ensemble)
         # The core answers once the models of its repository loaded at start are loaded (or failed) too.
-        self._request(Serving.build, self.config.model_load_timeout_s)
+        self._core_process().request(Serving.build, self.config.model_load_timeout_s)
         if not self._announced and (self._models or self._ensembles or self.config.model_repository):
             # Once per start, with models to call: the Quickstart starts the core (`with Serve()`) before it binds,
             # and announces when serve() runs this again.
@@ -232,7 +279,7 @@ class Serve:
         known = [bound.spec for bound in self._models.values()] + [e.model_spec() for e in self._ensembles.values()]
         check_models(ensemble, spec_lookup(known))
         self._ensembles[key] = ensemble
-        if self._process is not None:
+        if self._core is not None:
             try:
                 self._load_ensemble(ensemble)
             except BaseException:
@@ -253,10 +300,10 @@ class Serve:
         for signum in previous:
             signal.signal(signum, on_signal)
         try:
-            assert self._process is not None
-            _wait_for_exit(self._process)
+            core = self._core_process()
+            core.wait_for_exit()
             if not self._stop_event.is_set():
-                logger.error("the core process exited with status %s", self._process.returncode)
+                logger.error("the core process exited with status %s", core.returncode)
         except KeyboardInterrupt:
             pass
         finally:
@@ -266,25 +313,22 @@ class Serve:
 
     def stop(self) -> None:
         """Stop the core process and every instance; remove sockets and shared memory. Idempotent."""
-        process = self._process
-        if process is None:
+        core = self._core
+        if core is None:
             return
         self._stop_event.set()
+        if self._local is not None:
+            self._local.close()
+            self._local = None
         wake = self._wake_pipe
         self._wake_pipe = None
         if wake is not None:
             os.close(wake[1])  # end-of-file on the read end wakes every thread instance
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        core.stop()
         stuck = False
         for bound in self._models.values():
             for thread in bound.threads:
-                thread.join(_STOP_TIMEOUT_S)
+                thread.join(STOP_TIMEOUT_S)
                 stuck = stuck or thread.is_alive()
             bound.threads.clear()
             bound.loaded = False
@@ -292,20 +336,14 @@ class Serve:
             # A thread still inside the user's function polls the read end once it returns: leave it open then.
             os.close(wake[0])
         self._loaded_ensembles.clear()
-        if self._control is not None:
-            self._control.close(linger=0)
-            self._control = None
         remove_segments(self._session)
-        if self._runtime_dir is not None:
-            shutil.rmtree(self._runtime_dir, ignore_errors=True)
-            self._runtime_dir = None
-        self._process = None
+        self._core = None
         atexit.unregister(self.stop)
 
     @property
     def is_running(self) -> bool:
         """Whether the core process is up."""
-        return self._process is not None and self._process.poll() is None
+        return self._core is not None and self._core.returncode is None
 
     @property
     def url(self) -> str:
@@ -340,106 +378,34 @@ class Serve:
     # internals ------------------------------------------------------------------------------------------------
 
     def _start_core(self) -> None:
+        core = CoreProcess(self.config, self._session)
+        core.start()
+        self._core = core
+        self.http_port, self.grpc_port, self.metrics_port = core.http_port, core.grpc_port, core.metrics_port
         config = self.config
-        if config.transport == "ipc":
-            self._runtime_dir = tempfile.mkdtemp(prefix="pyserve-")
-            router = f"ipc://{self._runtime_dir}/core.sock"
-        else:
-            router = f"tcp://{config.host}:*"
-        read_fd, write_fd = os.pipe()
-        command = [
-            sys.executable,
-            "-m",
-            "pyserve.core",
-            "--config",
-            orjson.dumps(dataclasses.asdict(config)).decode(),
-            "--router",
-            router,
-            "--shm-prefix",
-            self._session,
-            "--parent-pid",
-            str(os.getpid()),
-            "--ready-fd",
-            str(write_fd),
-        ]
-        try:
-            self._process = subprocess.Popen(command, pass_fds=(write_fd,), stdin=subprocess.DEVNULL)
-        finally:
-            os.close(write_fd)
-        try:
-            ready = self._wait_ready(read_fd)
-        except BaseException:
-            os.close(read_fd)
-            self.stop()
-            raise
-        os.close(read_fd)
-        self.http_port = ready["http_port"]
-        self.grpc_port = ready.get("grpc_port", 0)
-        self.metrics_port = ready.get("metrics_port", 0)
-        self._router_address = ready["router"]
-        self._cancel_address = ready.get("cancel", "")
-        control: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
-        control.setsockopt(zmq.LINGER, 0)
-        control.connect(self._router_address)
-        self._control = control
+        self._local = LocalCaller(
+            core.router_address, f"{self._session}-local", config.shm_threshold_bytes, config.shm_pool_bytes
+        )
         self._announced = False
-        global _core_starts
-        _core_starts += 1
 
-    def _wait_ready(self, read_fd: int) -> dict[str, Any]:
-        assert self._process is not None
-        deadline = time.monotonic() + self.config.startup_timeout_s
-        data = b""
-        while not data.endswith(b"\n"):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ServerError(f"the core process did not start within {self.config.startup_timeout_s} s")
-            readable, _, _ = select.select([read_fd], [], [], min(remaining, 0.2))
-            if readable:
-                chunk = os.read(read_fd, 4096)
-                if not chunk:
-                    break
-                data += chunk
-            elif self._process.poll() is not None:
-                break
-        if not data.endswith(b"\n"):
-            status = self._process.wait()
-            raise ServerError(
-                f"the core process exited with status {status} before it was ready (its output above says why)"
-            )
-        ready: dict[str, Any] = orjson.loads(data)
-        if "error" in ready:
-            # An expected start-up failure (a port in use): the core names it in one line and exits.
-            raise ServerError(ready["error"])
-        return ready
-
-    def _request(self, build: Callable[[int], Header], timeout_s: float = _CONTROL_TIMEOUT_S) -> ControlReply:
-        """Send the control request ``build(request_id)`` makes; wait for the core's reply to it."""
-        assert self._control is not None
-        with self._control_lock:
-            request_id = next(self._request_ids)
-            message = build(request_id)
-            self._control.send(pack_header(message))
-            deadline = time.monotonic() + timeout_s
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._control.poll(int(remaining * 1000)):
-                    raise ServerError(f"the core process did not answer {kind_of(message)!r} in time")
-                reply = ControlReply(unpack_header(self._control.recv()))
-                if reply.request_id == request_id:
-                    return reply
+    def _core_process(self) -> CoreProcess:
+        if self._core is None:
+            raise ServerError("the server is not running: call run() (or use `with Serve() as s:`) first")
+        return self._core
 
     def _load(self, bound: _BoundModel) -> None:
         spec = bound.spec
         if bound.payload is not None:
             # Process instances: the core spawns and supervises them; it answers once all are connected.
             payload = bound.payload
-            reply = self._request(lambda rid: Load.build(spec, rid, payload), self.config.model_load_timeout_s)
+            reply = self._core_process().request(
+                lambda rid: Load.build(spec, rid, payload), self.config.model_load_timeout_s
+            )
             if reply.error is not None:
                 raise ServerError(reply.error)
             bound.loaded = True
             return
-        reply = self._request(lambda request_id: Load.build(spec, request_id))
+        reply = self._core_process().request(lambda request_id: Load.build(spec, request_id))
         if reply.error is not None:
             raise ConfigError(reply.error)
         devices = spec.config.devices
@@ -449,7 +415,7 @@ class Serve:
             event = threading.Event()
             events.append(event)
             runner = InstanceRunner(
-                self._router_address,
+                self._core_process().router_address,
                 spec,
                 function,
                 index,
@@ -459,7 +425,7 @@ class Serve:
                 device=devices[index % len(devices)] if devices else "cpu",
                 debug_errors=self.config.debug_errors,
                 stage_times=bool(self.config.stage_times),
-                cancel_address=self._cancel_address,
+                cancel_address=self._core_process().cancel_address,
             )
 
             def on_ready(error: str | None, event: threading.Event = event) -> None:
@@ -491,7 +457,7 @@ class Serve:
 
     def _load_ensemble(self, ensemble: EnsembleSpec) -> None:
         # The core checks the ensemble again, against the models it serves, before serving it.
-        reply = self._request(lambda request_id: LoadEnsemble.build(ensemble.to_wire(), request_id))
+        reply = self._core_process().request(lambda request_id: LoadEnsemble.build(ensemble.to_wire(), request_id))
         if reply.error is not None:
             raise ConfigError(reply.error)
         self._loaded_ensembles.add((ensemble.name, ensemble.version))
@@ -508,6 +474,18 @@ def _announce(line: str) -> None:
         logger.info("%s", line)
     else:
         sys.stderr.write(line + "\n")
+
+
+def _call_options(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The options of a Serve.infer-like call (its ``locals()``), as ``LocalCaller`` takes them."""
+    outputs = arguments["outputs"]
+    return {
+        "version": arguments["model_version"],
+        "outputs": list(outputs) if outputs is not None else None,
+        "parameters": arguments["parameters"],
+        "timeout_s": arguments["timeout_s"],
+        "request_id": arguments["request_id"],
+    }
 
 
 def _spec(
@@ -545,21 +523,3 @@ def _callables(model_name: str, infer_func: object) -> list[Callable[..., Any]]:
                 "which is not callable"
             )
     return functions
-
-
-def _wait_for_exit(process: subprocess.Popen[bytes]) -> None:
-    """Block until the process exits. Sleeps on a pidfd where the system has them (else looks every 0.2 s);
-    signals still get through, and stop() from another thread can reap the process meanwhile."""
-    try:
-        exit_fd = open_pidfd(process.pid)
-    except ProcessLookupError:
-        exit_fd = None  # reaped already: poll() below says so
-    try:
-        while process.poll() is None:
-            if exit_fd is None:
-                time.sleep(0.2)
-            else:
-                select.select([exit_fd], [], [])
-    finally:
-        if exit_fd is not None:
-            os.close(exit_fd)

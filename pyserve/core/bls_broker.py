@@ -6,6 +6,8 @@ would, builds an ordinary request and submits it, so it is scheduled and batched
 Each response goes back to the caller as a ``BlsResponse``: outputs, or the error. Outputs that sit in a worker's
 shared-memory slot travel as their location: the broker retains the response under a lease, which the caller hands
 back with ``BlsFree`` once it has copied them. ``BlsCancel`` withdraws a call the caller no longer waits for.
+The same messages come from the Serve process for ``Serve.infer`` (a local caller, on a socket of its own): it
+holds no instance while it waits, so it has no outer deadline and takes no part in deadlocks.
 
 Deadlines: a call gets what is left of the deadline of the batch its caller is running (see ``deadline``), or the
 caller's own ``timeout`` if shorter; when it passes, the caller hears ``RequestTimeoutError`` and the call is
@@ -70,7 +72,7 @@ class RunningBatch(Protocol):
 class _Call:
     identity: bytes
     call_id: int
-    caller: Instance
+    caller: Instance | None  # None: a local caller (Serve.infer), which holds no instance while it waits
     caller_model: str
     request: InferenceRequest | None = None
     timer: Any = None
@@ -103,6 +105,8 @@ class BlsBroker:
         self._ensembles = ensembles
         self._call_later = call_later
         self._calls: dict[tuple[bytes, int], _Call] = {}
+        # Sockets of the Serve process that made calls (Serve.infer): answered like instances, never deadlocked.
+        self._local_callers: set[bytes] = set()
         self._leases: dict[tuple[bytes, int], Callable[[], None]] = {}
         self._next_lease = 0
         ensembles.deadlock_check = self.check_step
@@ -137,9 +141,12 @@ class BlsBroker:
     def _on_call(self, identity: bytes, message: BlsRequest, frames: list[Any]) -> None:
         known = self._instances.get(identity)
         if known is None:
-            return  # not a connected instance
-        caller, caller_entry, _ = known
-        call = _Call(identity, message.call_id, caller, caller_entry.name)
+            # Not an instance: a local caller in the Serve process (Serve.infer), answered the same way.
+            self._local_callers.add(identity)
+            call = _Call(identity, message.call_id, None, "")
+        else:
+            call = _Call(identity, message.call_id, known[0], known[1].name)
+        caller = call.caller
         now = time.monotonic_ns()
         try:
             entry = self._registry.get(message.model, message.version)
@@ -152,7 +159,7 @@ class BlsBroker:
             check_parameter_names(parameters)
             requested = message.outputs
             entry.validate(inputs, requested)
-            batch = self._batches.get(caller.batch_id)
+            batch = self._batches.get(caller.batch_id) if caller is not None else None
             outer = batch_deadline_ns(batch.requests) if batch is not None else 0
             timeout_us = message.timeout_us
             own = now + timeout_us * 1000 if timeout_us else 0
@@ -178,7 +185,7 @@ class BlsBroker:
             return
         if call.done:
             return  # answered at once
-        blocked = self._deadlocked()
+        blocked = self._deadlocked() if caller is not None else set()
         if caller in blocked:
             error = DeadlockError(
                 f"BLS call from model '{call.caller_model}' to model '{entry.name}' would deadlock: it can only "
@@ -211,7 +218,7 @@ class BlsBroker:
         if response.error is not None:
             self._send_error(call, response.error)
             return
-        if call.identity not in self._instances:
+        if not self._reachable(call):
             return
         descriptors: list[TensorDescriptor] = []
         frames: list[Any] = []
@@ -261,8 +268,11 @@ class BlsBroker:
             self._cancel(call.request)
 
     def _send_error(self, call: _Call, error: InferenceError) -> None:
-        if call.identity in self._instances:
+        if self._reachable(call):
             self._send(call.identity, BlsResponse.build_error(call.call_id, error), None)
+
+    def _reachable(self, call: _Call) -> bool:
+        return call.identity in self._instances or call.identity in self._local_callers
 
     # deadlocks --------------------------------------------------------------------------------------------------
 
@@ -282,7 +292,7 @@ class BlsBroker:
         """The instances waiting on calls that can never finish (the greatest set closed under "stuck")."""
         waits: dict[Instance, list[InferenceRequest]] = {}
         for call in self._calls.values():
-            if call.request is not None and not call.done:
+            if call.caller is not None and call.request is not None and not call.done:
                 waits.setdefault(call.caller, []).append(call.request)
         blocked = set(waits)
         changed = True
@@ -311,7 +321,7 @@ class BlsBroker:
             {
                 f"'{call.caller_model}' instance {call.caller.index} waits on '{call.request.model.name}'"
                 for call in self._calls.values()
-                if call.caller in blocked and call.request is not None and not call.done
+                if call.caller is not None and call.caller in blocked and call.request is not None and not call.done
             }
         )
         return "; ".join(waits)

@@ -2,7 +2,8 @@
 
 ``complete_config`` fills a repository model's config in place: inputs, outputs and ``max_batch_size`` from the
 tensors the file declares (``backend(name).autocomplete``), or, for a ``model.py``, from what the Python backend's
-``describe`` makes of it (which imports the file in this process). ``complete_binding`` does the same for a model
+``describe`` makes of it (which imports the file in a child process: the user's code never runs in the core).
+``complete_binding`` does the same for a model
 file bound without a repository (``Serve.bind_model``). Both follow one rule: a file whose tensors all have a
 variable first dimension batches, with ``max_batch_size`` 4 (Triton's ``default-max-batch-size``) and a dynamic
 batcher.
@@ -31,7 +32,7 @@ def complete_config(name: str, config: pb.ModelConfig, module: Backend, model_fi
     declared = bool(config.input) and bool(config.output)
     describe = getattr(module, "describe", None)
     if describe is not None:  # the Python backend: a model.py declares itself in code
-        if not declared:  # (which runs that code here: only when the config lacks tensors)
+        if not declared:  # (which runs that code, in a child process: only when the config lacks tensors)
             _complete_from_code(name, config, describe, model_file)
         return
     if declared and config.max_batch_size > 0:
@@ -151,6 +152,8 @@ def _complete_from_code(name: str, config: pb.ModelConfig, describe: Any, model_
     ``auto_complete_config`` or pyserve's module-level ``inputs``, ``outputs`` and ``config``), in place."""
     try:
         described = describe(model_file, config_json(config))
+    except ConfigError as exc:  # it names the file and the reason
+        raise ConfigError(f"model '{name}': {exc}") from exc
     except Exception as exc:
         raise ConfigError(
             f"model '{name}': {model_file.name} cannot describe itself: {type(exc).__name__}: {exc}"

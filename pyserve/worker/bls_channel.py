@@ -156,8 +156,11 @@ class BlsChannel:
         self._calls[call_id] = call
         self._socket.send_multipart([pack_header(header), *writer.frames], copy=False)
         if self._loop is not None:
-            # Sending can consume the edge that announced pending input: look again soon.
-            self._loop.call_soon(self._drain)
+            if self._loop.is_closed():
+                self._loop = None  # the loop an async call ran on is gone (Serve.ainfer under asyncio.run)
+            else:
+                # Sending can consume the edge that announced pending input: look again soon.
+                self._loop.call_soon(self._drain)
         return call
 
     def take(self, call: BlsCall) -> Outputs | None:

@@ -136,7 +136,7 @@ def test_a_killed_process_fails_only_its_request_and_is_restarted(server: Serve)
     # Find the busy instance: the other one answers quick requests meanwhile.
     time.sleep(0.5)
     idle_pid = where(server, "process_pair")["pid"]
-    core_pid = server._process.pid if server._process is not None else -1
+    core_pid = server._core.pid if server._core is not None else -1
     pids = {p for p in _worker_processes(core_pid) if p != idle_pid}
     assert pids, "no busy worker process found"
     busy_pid = pids.pop()

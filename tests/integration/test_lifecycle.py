@@ -110,8 +110,8 @@ def test_stop_is_idempotent_and_leaves_nothing_behind(own_server: Serve) -> None
     bind_identity(s, "lifecycle_model", config=ModelConfig(max_batch_size=4))
     s.run()
     assert s.is_running
-    assert s._process is not None
-    pid, session, runtime_dir, port = s._process.pid, s._session, s._runtime_dir, s.http_port
+    assert s._core is not None
+    pid, session, runtime_dir, port = s._core.pid, s._session, s._core.runtime_dir, s.http_port
     assert runtime_dir is not None and os.path.isdir(runtime_dir)
     data = np.random.default_rng(0).random((1, ONE_MIB_FLOATS), dtype=np.float32)
     np.testing.assert_array_equal(infer_fp32(f"127.0.0.1:{port}", "lifecycle_model", data), data)
@@ -133,8 +133,8 @@ def test_stop_is_idempotent_and_leaves_nothing_behind(own_server: Serve) -> None
 def test_context_manager_stops(own_server: Serve) -> None:
     bind_identity(own_server, "ctx_model")
     with own_server as s:
-        assert s._process is not None
-        pid = s._process.pid
+        assert s._core is not None
+        pid = s._core.pid
         assert s.is_running
     assert not own_server.is_running
     assert process_gone(pid)
@@ -272,7 +272,7 @@ CHILD = textwrap.dedent(
     request = urllib.request.Request(s.url + "/v2/models/identity/infer", data=body,
                                      headers={"Inference-Header-Content-Length": "0"})
     urllib.request.urlopen(request, timeout=30).read()
-    print(json.dumps({"pid": s._process.pid, "session": s._session, "runtime_dir": s._runtime_dir}), flush=True)
+    print(json.dumps({"pid": s._core.pid, "session": s._session, "runtime_dir": s._core.runtime_dir}), flush=True)
     time.sleep(120)
     """
 )

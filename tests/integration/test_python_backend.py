@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import queue
 from collections.abc import Iterator
 from pathlib import Path
@@ -328,6 +329,33 @@ def test_describe_names_a_file_that_cannot_be_imported(tmp_path: Path) -> None:
     broken.write_text("import no_such_module_anywhere\n")
     with pytest.raises(ConfigError, match="could not be imported: ModuleNotFoundError"):
         python_backend.describe(broken)
+
+
+def test_describe_imports_the_file_in_a_child_process(tmp_path: Path) -> None:
+    model_file = tmp_path / "model.py"
+    model_file.write_text(
+        "import os, pathlib\n"
+        "from pyserve import Tensor\n"
+        'pathlib.Path(__file__).with_name("imported_by").write_text(str(os.getpid()))\n'
+        'print("printed at import")\n'
+        'inputs = [Tensor("x", "FP32", (2,), optional=True)]\n'
+    )
+    assert python_backend.describe(model_file) == ([Tensor("x", "FP32", (2,), optional=True)], [], None)
+    assert int((tmp_path / "imported_by").read_text()) != os.getpid()
+
+
+def test_describe_gives_the_error_a_model_py_raises_at_import(tmp_path: Path) -> None:
+    model_file = tmp_path / "model.py"
+    model_file.write_text("raise ValueError('weights missing:\\n  /models/w.bin')\n")
+    with pytest.raises(ConfigError, match=r"could not be imported: ValueError: weights missing: /models/w.bin$"):
+        python_backend.describe(model_file)
+
+
+def test_describe_gives_up_on_a_model_py_that_does_not_finish_importing(tmp_path: Path) -> None:
+    model_file = tmp_path / "model.py"
+    model_file.write_text("import time\ntime.sleep(3600)\n")
+    with pytest.raises(ConfigError, match=r"model file '.*model.py': describing it passed the timeout of 1 s"):
+        python_backend.describe(model_file, timeout_s=1)
 
 
 def test_the_backend_module_is_found_by_name() -> None:

@@ -125,8 +125,8 @@ def pyserve_threads() -> list[int]:
 
 
 def core_and_worker(server: Serve) -> tuple[int, int]:
-    assert server._process is not None
-    core = server._process.pid
+    assert server._core is not None
+    core = server._core.pid
     (worker,) = children_of(core)
     return core, worker
 

@@ -47,8 +47,8 @@ def test_mixed_traffic_soak_keeps_answers_right_and_memory_flat() -> None:
     errors: list[str] = []
     deadline = time.monotonic() + TIME_LIMIT_S
     with server:
-        assert server._process is not None
-        core_pid = server._process.pid
+        assert server._core is not None
+        core_pid = server._core.pid
 
         def client(index: int, count: int) -> None:
             rng = np.random.default_rng(index)

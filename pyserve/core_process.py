@@ -1,0 +1,202 @@
+"""The core serving process as the user's process sees it: started, asked over its control socket, stopped.
+
+``Serve`` owns one ``CoreProcess`` per start. ``start()`` spawns ``python -m pyserve.core``, which reports its ports
+(or a one-line error) on a pipe once its front ends listen; ``request()`` sends a control message (``load``,
+``serving``, ...) and waits for its answer; ``stop()`` ends the process (SIGTERM, then SIGKILL after a grace period)
+and removes its socket directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import zmq
+
+from pyserve.config import ServeConfig
+from pyserve.core.supervisor import open_pidfd
+from pyserve.errors import ServerError
+from pyserve.transport.messages import pack_header, unpack_header
+from pyserve.transport.protocol import ControlReply, Header, kind_of
+
+CONTROL_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 5.0
+# Core processes this process has started: the CLI compares the count around importing a module, because a module
+# written like the Quickstart serves (and has stopped again) by the time its import returns.
+_starts = 0
+
+
+def core_starts() -> int:
+    """How many times a Serve in this process has started its core process."""
+    return _starts
+
+
+class CoreProcess:
+    """One run of the core process: its ports and addresses once ``start()`` returned."""
+
+    def __init__(self, config: ServeConfig, session: str) -> None:
+        self.config = config
+        self.session = session
+        self.http_port = 0
+        self.grpc_port = 0
+        self.metrics_port = 0
+        self.router_address = ""
+        self.cancel_address = ""
+        self._process: subprocess.Popen[bytes] | None = None
+        self._control: zmq.Socket[Any] | None = None
+        self._control_lock = threading.Lock()
+        self._request_ids = itertools.count(1)
+        self._runtime_dir: str | None = None
+
+    def start(self) -> None:
+        """Spawn the core and wait until it serves; raises ServerError (the core's own one-line reason) if not."""
+        config = self.config
+        if config.transport == "ipc":
+            self._runtime_dir = tempfile.mkdtemp(prefix="pyserve-")
+            router = f"ipc://{self._runtime_dir}/core.sock"
+        else:
+            router = f"tcp://{config.host}:*"
+        read_fd, write_fd = os.pipe()
+        command = [
+            sys.executable,
+            "-m",
+            "pyserve.core",
+            "--config",
+            orjson.dumps(dataclasses.asdict(config)).decode(),
+            "--router",
+            router,
+            "--shm-prefix",
+            self.session,
+            "--parent-pid",
+            str(os.getpid()),
+            "--ready-fd",
+            str(write_fd),
+        ]
+        try:
+            self._process = subprocess.Popen(command, pass_fds=(write_fd,), stdin=subprocess.DEVNULL)
+        finally:
+            os.close(write_fd)
+        try:
+            ready = self._wait_ready(read_fd)
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            os.close(read_fd)
+        self.http_port = ready["http_port"]
+        self.grpc_port = ready.get("grpc_port", 0)
+        self.metrics_port = ready.get("metrics_port", 0)
+        self.router_address = ready["router"]
+        self.cancel_address = ready.get("cancel", "")
+        control: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
+        control.setsockopt(zmq.LINGER, 0)
+        control.connect(self.router_address)
+        self._control = control
+        global _starts
+        _starts += 1
+
+    def _wait_ready(self, read_fd: int) -> dict[str, Any]:
+        assert self._process is not None
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        data = b""
+        while not data.endswith(b"\n"):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ServerError(f"the core process did not start within {self.config.startup_timeout_s} s")
+            readable, _, _ = select.select([read_fd], [], [], min(remaining, 0.2))
+            if readable:
+                chunk = os.read(read_fd, 4096)
+                if not chunk:
+                    break
+                data += chunk
+            elif self._process.poll() is not None:
+                break
+        if not data.endswith(b"\n"):
+            status = self._process.wait()
+            raise ServerError(
+                f"the core process exited with status {status} before it was ready (its output above says why)"
+            )
+        ready: dict[str, Any] = orjson.loads(data)
+        if "error" in ready:
+            # An expected start-up failure (a port in use): the core names it in one line and exits.
+            raise ServerError(ready["error"])
+        return ready
+
+    def request(self, build: Callable[[int], Header], timeout_s: float = CONTROL_TIMEOUT_S) -> ControlReply:
+        """Send the control request ``build(request_id)`` makes; wait for the core's reply to it."""
+        assert self._control is not None
+        with self._control_lock:
+            request_id = next(self._request_ids)
+            message = build(request_id)
+            self._control.send(pack_header(message))
+            deadline = time.monotonic() + timeout_s
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._control.poll(int(remaining * 1000)):
+                    raise ServerError(f"the core process did not answer {kind_of(message)!r} in time")
+                reply = ControlReply(unpack_header(self._control.recv()))
+                if reply.request_id == request_id:
+                    return reply
+
+    @property
+    def pid(self) -> int:
+        """The core's process id (0 before start)."""
+        return self._process.pid if self._process is not None else 0
+
+    @property
+    def runtime_dir(self) -> str | None:
+        """The private directory holding the core's ipc socket (None with the tcp transport)."""
+        return self._runtime_dir
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once the process ended; None while it runs."""
+        return self._process.poll() if self._process is not None else None
+
+    def wait_for_exit(self) -> None:
+        """Block until the process exits. Sleeps on a pidfd where the system has them (else looks every 0.2 s);
+        signals still get through, and stop() from another thread can reap the process meanwhile."""
+        process = self._process
+        assert process is not None
+        try:
+            exit_fd = open_pidfd(process.pid)
+        except ProcessLookupError:
+            exit_fd = None  # reaped already: poll() below says so
+        try:
+            while process.poll() is None:
+                if exit_fd is None:
+                    time.sleep(0.2)
+                else:
+                    select.select([exit_fd], [], [])
+        finally:
+            if exit_fd is not None:
+                os.close(exit_fd)
+
+    def stop(self) -> None:
+        """End the process (SIGTERM, then SIGKILL after ``STOP_TIMEOUT_S``); close the control socket and remove the
+        socket directory."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._control is not None:
+            self._control.close(linger=0)
+            self._control = None
+        if self._runtime_dir is not None:
+            shutil.rmtree(self._runtime_dir, ignore_errors=True)
+            self._runtime_dir = None
