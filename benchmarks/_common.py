@@ -294,6 +294,29 @@ def with_server_script(spec: ServerSpec, script: Path, extra_args: Sequence[str]
 # server side ----------------------------------------------------------------------------------------------------
 
 
+def server_arguments(parser: argparse.ArgumentParser, all_ports: bool = False) -> argparse.Namespace:
+    """Parse a benchmark server's command line, with the options every one takes (those ``pyserve_spec`` and
+    ``pytriton_spec`` pass: its ports, ``--parent-pid``); ``all_ports`` makes the gRPC and metrics ports required.
+
+    Then arm the process to stop: SIGINT interrupts it even when it was started with SIGINT ignored (from a
+    background job), and it is sent SIGTERM once the driver (``--parent-pid``) is gone.
+    """
+    parser.add_argument("--http-port", type=int, required=True)
+    parser.add_argument("--grpc-port", type=int, default=0, required=all_ports)
+    parser.add_argument("--metrics-port", type=int, default=0, required=all_ports)
+    parser.add_argument("--parent-pid", type=int, default=0, help="stop when this process is gone")
+    args = parser.parse_args()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if args.parent_pid:
+        watch_parent(args.parent_pid)
+    return args
+
+
+def interrupt_on_sigterm() -> None:
+    """Turn SIGTERM into a ``KeyboardInterrupt`` (PyTriton's ``Triton.serve()`` stops cleanly on that only)."""
+    signal.signal(signal.SIGTERM, _sigterm)
+
+
 def watch_parent(parent_pid: int) -> None:
     """SIGTERM this process once ``parent_pid`` (the benchmark driver) is gone, so no server outlives it."""
 
@@ -384,6 +407,23 @@ class PerfRun:
     protocol: str = "http"
     explicit_end: bool = True
 
+    @classmethod
+    def from_args(
+        cls, args: argparse.Namespace, model: str, shapes: Sequence[str], concurrency: int, **options: Any
+    ) -> PerfRun:
+        """The run a driver's command line asks for: its ``--duration-ms`` and ``add_perf_analyzer_options``'s
+        options (a ``--retry-stability`` of 0: no retry); ``options`` set the other fields."""
+        return cls(
+            model,
+            tuple(shapes),
+            concurrency,
+            window_ms=args.duration_ms,
+            max_trials=args.max_trials,
+            stability=args.stability_percentage,
+            retry_stability=args.retry_stability or None,
+            **options,
+        )
+
     def command(self, perf_analyzer: str, url: str, csv_path: Path, stability: float | None) -> list[str]:
         """The perf_analyzer command line (synchronous requests, random binary data, time windows)."""
         command = [perf_analyzer, "-m", self.model, "-u", url, "-i", self.protocol]
@@ -452,6 +492,26 @@ def run_perf_analyzer(
 # report ---------------------------------------------------------------------------------------------------------
 
 
+def perf_settings(args: argparse.Namespace, perf_analyzer: str) -> dict[str, Any]:
+    """How perf_analyzer measured, for a JSON report: the window and the options ``parse_perf_analyzer_args``
+    reads, the binary, and the machine's CPU count."""
+    return {
+        "duration_ms": args.duration_ms,
+        "max_trials": args.max_trials,
+        "stability_percentage": args.stability_percentage,
+        "retry_stability": args.retry_stability,
+        "perf_analyzer": perf_analyzer,
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    """Write a driver's results as JSON to ``path`` (``--json``) and say so."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Check:
     """One line of a results table: what was measured, its value, the target and whether it was met.
@@ -505,6 +565,30 @@ def int_list(text: str) -> list[int]:
     if not values or any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
+
+
+def parse_perf_analyzer_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse the command line of a driver that measures with perf_analyzer, adding to its ``parser`` (which has
+    ``--duration-ms``) the options ``PerfRun.from_args`` reads and the JSON report: ``--max-trials``,
+    ``--stability-percentage``, ``--retry-stability``, ``--perf-analyzer``, ``--json``."""
+    parser.add_argument(
+        "--max-trials", type=int, default=DEFAULT_MAX_TRIALS, help="perf_analyzer -r: windows before giving up"
+    )
+    parser.add_argument(
+        "--stability-percentage", type=float, default=None, help="perf_analyzer -s (default: its own, 10)"
+    )
+    parser.add_argument(
+        "--retry-stability",
+        type=float,
+        default=DEFAULT_RETRY_STABILITY,
+        help=f"-s for one retry of a cell that did not stabilise (default {DEFAULT_RETRY_STABILITY:g}; 0: no retry)",
+    )
+    parser.add_argument("--perf-analyzer", default=None, help=f"perf_analyzer binary (default {DEFAULT_PERF_ANALYZER})")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    args = parser.parse_args(argv)
+    if args.duration_ms <= 0 or args.max_trials <= 0:
+        parser.error("--duration-ms and --max-trials must be positive")
+    return args
 
 
 def _sigterm(signum: int, frame: FrameType | None) -> None:

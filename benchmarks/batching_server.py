@@ -19,14 +19,12 @@ Blocks until SIGINT/SIGTERM, or until ``--parent-pid`` is gone.
 from __future__ import annotations
 
 import argparse
-import signal
 import time
 from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
 import numpy as np
-from _common import watch_parent
+from _common import interrupt_on_sigterm, server_arguments
 from numpy.typing import NDArray
 
 COST_MODEL = "cost_model"
@@ -114,17 +112,13 @@ def serve_pyserve(http_port: int, grpc_port: int, metrics_port: int, loop_iterat
         server.serve()
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 def serve_pytriton(http_port: int, grpc_port: int, metrics_port: int) -> None:
     """Bind the cost model in PyTriton (its dynamic batcher, same settings) and serve until interrupted."""
     from pytriton.decorators import batch
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
-    signal.signal(signal.SIGTERM, _interrupt)  # Triton.serve() stops cleanly on KeyboardInterrupt only
+    interrupt_on_sigterm()
     config = TritonConfig(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
     # The statistics endpoint is restricted by default in 0.7; perf_analyzer and the driver read it.
     with Triton(config=config, security_config=TritonSecurityConfig(restricted_endpoints=[])) as triton:
@@ -146,15 +140,8 @@ def main() -> None:
     """Parse the options and serve until interrupted."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=("pyserve", "pytriton"), required=True)
-    parser.add_argument("--http-port", type=int, required=True)
-    parser.add_argument("--grpc-port", type=int, default=0)
-    parser.add_argument("--metrics-port", type=int, default=0)
     parser.add_argument("--loop-iterations", type=int, default=DEFAULT_LOOP_ITERATIONS)
-    parser.add_argument("--parent-pid", type=int, default=0, help="stop when this process is gone")
-    args = parser.parse_args()
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
-    if args.parent_pid:
-        watch_parent(args.parent_pid)
+    args = server_arguments(parser)
     if args.backend == "pyserve":
         serve_pyserve(args.http_port, args.grpc_port, args.metrics_port, args.loop_iterations)
     else:

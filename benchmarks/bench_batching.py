@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -52,6 +51,7 @@ from _common import (
     run_perf_analyzer,
     running_server,
     with_server_script,
+    write_report,
 )
 
 SERVER_SCRIPT = Path(models.__file__).resolve()
@@ -378,9 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "runs": [{**dataclasses.asdict(r), "measurement": dataclasses.asdict(r.measurement)} for r in results],
             "checks": [{**dataclasses.asdict(c), "verdict": c.verdict} for c in checks],
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_report(args.json, report)
     return 1 if any(not r.ok for r in results) else 0
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 import os
 import queue
 import statistics
@@ -39,10 +38,12 @@ from _common import (
     ensure_pytriton_venv,
     find_perf_analyzer,
     int_list,
+    parse_perf_analyzer_args,
     pyserve_spec,
     pytriton_spec,
     run_perf_analyzer,
     running_server,
+    write_report,
 )
 from bench_http import build_rows, format_table
 
@@ -128,16 +129,7 @@ def run_server(
         url = f"127.0.0.1:{spec.grpc_port}"
         for shape in args.shapes:
             for concurrency in args.concurrency:
-                run = PerfRun(
-                    MODEL_NAME,
-                    (f"INPUT0:{shape}",),
-                    concurrency,
-                    window_ms=args.duration_ms,
-                    max_trials=args.max_trials,
-                    stability=args.stability_percentage,
-                    retry_stability=args.retry_stability or None,
-                    protocol="grpc",
-                )
+                run = PerfRun.from_args(args, MODEL_NAME, [f"INPUT0:{shape}"], concurrency, protocol="grpc")
                 m = run_perf_analyzer(perf_analyzer, url, run)
                 results[(shape, concurrency)] = m
                 if m.error:
@@ -202,17 +194,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--duration-ms", type=int, default=2000, help="perf_analyzer window (-p), ms (default 2000)")
     parser.add_argument("--shapes", type=int_list, default=[16, LARGE_SHAPE], help="INPUT0 lengths")
     parser.add_argument("--concurrency", type=int_list, default=[1, 4, 16], help="concurrencies (default 1,4,16)")
-    parser.add_argument("--max-trials", type=int, default=10, help="perf_analyzer -r (default 10)")
-    parser.add_argument("--stability-percentage", type=float, default=None, help="perf_analyzer -s (default 10)")
-    parser.add_argument("--retry-stability", type=float, default=25.0, help="-s of one retry (0: no retry)")
     parser.add_argument(
         "--stream-requests", type=int, default=200, help="streaming requests timed per server (0: skip; default 200)"
     )
-    parser.add_argument("--perf-analyzer", default=None, help="perf_analyzer binary (default .tools/pa/perf_analyzer)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
-    args = parser.parse_args(argv)
-    if args.duration_ms <= 0 or args.max_trials <= 0 or args.stream_requests < 0:
-        parser.error("--duration-ms and --max-trials must be positive, --stream-requests >= 0")
+    args = parse_perf_analyzer_args(parser, argv)
+    if args.stream_requests < 0:
+        parser.error("--stream-requests must be >= 0")
     return args
 
 
@@ -262,9 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rows": rows,
             "streaming": {name: dataclasses.asdict(s) for name, s in streams.items()},
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_report(args.json, report)
     failed = any(m.error for results in (pyserve, pytriton or {}) for m in results.values())
     failed = failed or any(s.error for s in streams.values())
     return 1 if failed else 0

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import sys
 import tempfile
 import time
@@ -34,9 +32,6 @@ from typing import Any
 
 from _common import (
     BENCH_DIR,
-    DEFAULT_MAX_TRIALS,
-    DEFAULT_PERF_ANALYZER,
-    DEFAULT_RETRY_STABILITY,
     MODEL_NAME,
     Measurement,
     PerfRun,
@@ -45,11 +40,14 @@ from _common import (
     ensure_pytriton_venv,
     find_perf_analyzer,
     int_list,
+    parse_perf_analyzer_args,
+    perf_settings,
     pyserve_spec,
     pytriton_spec,
     run_perf_analyzer,
     running_server,
     with_server_script,
+    write_report,
 )
 from _common import format_table as text_table
 
@@ -58,16 +56,7 @@ from _common import format_table as text_table
 
 def measure(perf_analyzer: str, url: str, shape: int, concurrency: int, args: argparse.Namespace) -> Measurement:
     """Measure one cell; if perf_analyzer cannot stabilise, retry once with ``--retry-stability`` as ``-s``."""
-    run = PerfRun(
-        MODEL_NAME,
-        (f"INPUT0:{shape}",),
-        concurrency,
-        window_ms=args.duration_ms,
-        max_trials=args.max_trials,
-        stability=args.stability_percentage,
-        retry_stability=args.retry_stability,
-        explicit_end=False,
-    )
+    run = PerfRun.from_args(args, MODEL_NAME, [f"INPUT0:{shape}"], concurrency, explicit_end=False)
 
     def announce(relaxed: float) -> None:
         print(f"  shape {shape:>7} c{concurrency:<3} unstable; retrying with -s {relaxed:g}", flush=True)
@@ -202,23 +191,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--shapes", type=int_list, default=[16, 262144], help="INPUT0 lengths (default 16,262144)")
     parser.add_argument("--concurrency", type=int_list, default=[1, 4, 16], help="concurrencies (default 1,4,16)")
-    parser.add_argument(
-        "--max-trials", type=int, default=DEFAULT_MAX_TRIALS, help="perf_analyzer -r: windows before giving up"
-    )
-    parser.add_argument(
-        "--stability-percentage", type=float, default=None, help="perf_analyzer -s (default: its own, 10)"
-    )
-    parser.add_argument(
-        "--retry-stability",
-        type=float,
-        default=DEFAULT_RETRY_STABILITY,
-        help=f"-s for one retry of a cell that did not stabilise (default {DEFAULT_RETRY_STABILITY:g}; 0: no retry)",
-    )
-    parser.add_argument("--perf-analyzer", default=None, help=f"perf_analyzer binary (default {DEFAULT_PERF_ANALYZER})")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
-    args = parser.parse_args(argv)
-    if args.duration_ms <= 0 or args.max_trials <= 0:
-        parser.error("--duration-ms and --max-trials must be positive")
+    args = parse_perf_analyzer_args(parser, argv)
     return args
 
 
@@ -261,17 +234,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = {
             "model": MODEL_NAME,
             "protocol": "http",
-            "duration_ms": args.duration_ms,
-            "max_trials": args.max_trials,
-            "stability_percentage": args.stability_percentage,
-            "retry_stability": args.retry_stability,
-            "perf_analyzer": perf_analyzer,
-            "cpu_count": os.cpu_count(),
+            **perf_settings(args, perf_analyzer),
             "rows": rows,
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_report(args.json, report)
     failed = any(m.error for results in (pyserve, pytriton or {}, floor or {}) for m in results.values())
     return 1 if failed else 0
 

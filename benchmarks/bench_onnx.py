@@ -42,9 +42,6 @@ from typing import Any
 import numpy as np
 from _common import (
     BENCH_DIR,
-    DEFAULT_MAX_TRIALS,
-    DEFAULT_PERF_ANALYZER,
-    DEFAULT_RETRY_STABILITY,
     HTTP_TIMEOUT_S,
     PYSERVE_STARTUP_TIMEOUT_S,
     PYSERVE_STOP_TIMEOUT_S,
@@ -61,10 +58,13 @@ from _common import (
     format_table,
     free_ports,
     int_list,
+    parse_perf_analyzer_args,
+    perf_settings,
     pytriton_spec,
     run_perf_analyzer,
     running_server,
     with_server_script,
+    write_report,
 )
 from onnx_model import INPUT_NAME, MODEL_NAME, OUTPUT_NAME, SEED, WIDTH, open_session, write_repository
 
@@ -198,16 +198,7 @@ def run_server(
         for protocol in args.protocols:
             url = http_url if protocol == "http" else f"127.0.0.1:{spec.grpc_port}"
             for concurrency in args.concurrency:
-                run = PerfRun(
-                    MODEL_NAME,
-                    (f"{INPUT_NAME}:{WIDTH}",),
-                    concurrency,
-                    window_ms=args.duration_ms,
-                    max_trials=args.max_trials,
-                    stability=args.stability_percentage,
-                    retry_stability=args.retry_stability,
-                    protocol=protocol,
-                )
+                run = PerfRun.from_args(args, MODEL_NAME, [f"{INPUT_NAME}:{WIDTH}"], concurrency, protocol=protocol)
                 label = f"  {protocol:<4} c{concurrency:<3}"
 
                 def announce(relaxed: float, label: str = label) -> None:
@@ -351,23 +342,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=1,
         help="onnxruntime intra_op_num_threads for all three (default 1; 0: onnxruntime picks, one per core)",
     )
-    parser.add_argument(
-        "--max-trials", type=int, default=DEFAULT_MAX_TRIALS, help="perf_analyzer -r: windows before giving up"
-    )
-    parser.add_argument(
-        "--stability-percentage", type=float, default=None, help="perf_analyzer -s (default: its own, 10)"
-    )
-    parser.add_argument(
-        "--retry-stability",
-        type=float,
-        default=DEFAULT_RETRY_STABILITY,
-        help=f"-s for one retry of a cell that did not stabilise (default {DEFAULT_RETRY_STABILITY:g}; 0: no retry)",
-    )
-    parser.add_argument("--perf-analyzer", default=None, help=f"perf_analyzer binary (default {DEFAULT_PERF_ANALYZER})")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
-    args = parser.parse_args(argv)
-    if args.duration_ms <= 0 or args.max_trials <= 0:
-        parser.error("--duration-ms and --max-trials must be positive")
+    args = parse_perf_analyzer_args(parser, argv)
     if args.intra_op_threads < 0:
         parser.error("--intra-op-threads must be >= 0")
     return args
@@ -430,19 +405,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "model": MODEL_NAME,
             "onnxruntime": ort_version,
             "intra_op_threads": args.intra_op_threads,
-            "duration_ms": args.duration_ms,
-            "max_trials": args.max_trials,
-            "stability_percentage": args.stability_percentage,
-            "retry_stability": args.retry_stability,
-            "perf_analyzer": perf_analyzer,
-            "cpu_count": os.cpu_count(),
+            **perf_settings(args, perf_analyzer),
             "direct": dataclasses.asdict(direct),
             "rows": rows,
             "checks": [dataclasses.asdict(check) | {"verdict": check.verdict} for check in checks],
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_report(args.json, report)
     failed = any(m.error for cells in (pyserve, pytriton or {}) for m in cells.values())
     return 1 if failed else 0
 

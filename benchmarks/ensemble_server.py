@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import signal
 import sys
 from pathlib import Path
 
-from _common import watch_parent
+from _common import server_arguments
 
 from pyserve import Serve, ServeConfig
 
@@ -24,15 +23,7 @@ MODELS = ("sentiment", "tokenize", "score", "label")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--http-port", type=int, required=True)
-    parser.add_argument("--grpc-port", type=int, default=0)
-    parser.add_argument("--metrics-port", type=int, default=0)
-    parser.add_argument("--parent-pid", type=int, default=0, help="stop when this process is gone")
-    args = parser.parse_args()
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
-    if args.parent_pid:
-        watch_parent(args.parent_pid)
+    args = server_arguments(argparse.ArgumentParser(description=__doc__))
     sys.path.insert(0, str(PIPELINE_DIR))
     models = importlib.import_module("models")
     config = ServeConfig(http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)

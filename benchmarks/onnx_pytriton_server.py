@@ -14,12 +14,10 @@ Start it with the interpreter's ``LIBDIR`` first in ``LD_LIBRARY_PATH`` (``_comm
 from __future__ import annotations
 
 import argparse
-import signal
 from pathlib import Path
-from types import FrameType
 
 import numpy as np
-from _common import watch_parent
+from _common import interrupt_on_sigterm, server_arguments
 from numpy.typing import NDArray
 from onnx_model import INPUT_NAME, MAX_BATCH_SIZE, MODEL_NAME, OUTPUT_NAME, WIDTH, open_session
 from pytriton.decorators import batch
@@ -27,24 +25,13 @@ from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 def main() -> None:
     """Parse the options, open the session and serve until interrupted."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True, help="the model.onnx to serve")
     parser.add_argument("--intra-op-threads", type=int, required=True, help="SessionOptions.intra_op_num_threads")
-    parser.add_argument("--http-port", type=int, required=True)
-    parser.add_argument("--grpc-port", type=int, required=True)
-    parser.add_argument("--metrics-port", type=int, required=True)
-    parser.add_argument("--parent-pid", type=int, default=0, help="stop when this process is gone")
-    args = parser.parse_args()
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
-    if args.parent_pid:
-        watch_parent(args.parent_pid)
-    signal.signal(signal.SIGTERM, _interrupt)  # Triton.serve() stops cleanly on KeyboardInterrupt only
+    args = server_arguments(parser, all_ports=True)
+    interrupt_on_sigterm()
     session = open_session(args.model, args.intra_op_threads)
 
     @batch

@@ -9,13 +9,10 @@ Blocks until SIGINT/SIGTERM.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import threading
-import time
 from collections.abc import Iterator
 
 import numpy as np
+from _common import server_arguments
 from numpy.typing import NDArray
 
 from pyserve import ModelConfig, Serve, ServeConfig, Tensor, batch
@@ -38,28 +35,9 @@ def stream(INPUT0: NDArray[np.float32]) -> Iterator[dict[str, NDArray[np.float32
         yield {"OUTPUT0": INPUT0}
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """SIGTERM this process once ``parent_pid`` (the benchmark driver) is gone, so no server outlives it."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
 def main() -> None:
     """Parse the ports and serve until interrupted."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--http-port", type=int, required=True)
-    parser.add_argument("--grpc-port", type=int, default=0)
-    parser.add_argument("--metrics-port", type=int, default=0)
-    parser.add_argument("--parent-pid", type=int, default=0, help="stop when this process is gone")
-    args = parser.parse_args()
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
-    if args.parent_pid:
-        _watch_parent(args.parent_pid)
+    args = server_arguments(argparse.ArgumentParser(description=__doc__))
     # PYSERVE_<FIELD> variables apply (hop_budget.py sets PYSERVE_STAGE_TIMES and PYSERVE_REPLY_SPIN_US).
     config = ServeConfig.from_env(http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
     with Serve(config) as server:

@@ -12,14 +12,10 @@ does): Triton's Python stub otherwise loads another libpython and model loading 
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import threading
-import time
 from collections.abc import Iterator
-from types import FrameType
 
 import numpy as np
+from _common import interrupt_on_sigterm, server_arguments
 from numpy.typing import NDArray
 from pytriton.decorators import batch
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
@@ -43,33 +39,10 @@ def stream(INPUT0: NDArray[np.float32]) -> Iterator[dict[str, NDArray[np.float32
         yield {"OUTPUT0": INPUT0}
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """SIGTERM this process once ``parent_pid`` (the benchmark driver) is gone, so no server outlives it."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
 def main() -> None:
     """Parse the ports and serve until interrupted."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--http-port", type=int, required=True)
-    parser.add_argument("--grpc-port", type=int, required=True)
-    parser.add_argument("--metrics-port", type=int, required=True)
-    parser.add_argument("--parent-pid", type=int, default=0, help="stop when this process is gone")
-    args = parser.parse_args()
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
-    if args.parent_pid:
-        _watch_parent(args.parent_pid)
-    signal.signal(signal.SIGTERM, _interrupt)  # Triton.serve() stops cleanly on KeyboardInterrupt only
+    args = server_arguments(argparse.ArgumentParser(description=__doc__), all_ports=True)
+    interrupt_on_sigterm()
     config = TritonConfig(http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
     with Triton(config=config, security_config=TritonSecurityConfig(restricted_endpoints=[])) as triton:
         triton.bind(

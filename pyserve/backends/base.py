@@ -7,7 +7,9 @@ The core pickles that object into the process instances of the model; nothing he
 ``setup``.
 
 ``autocomplete(model_file)`` reads the tensors a model file declares (Triton's auto-complete), or returns None when
-the format does not say (TorchScript).
+the format does not say (TorchScript). ``gpu_capable()`` says whether the framework installed here can use a GPU
+(the CPU build of onnxruntime cannot): a ``KIND_AUTO`` instance group goes on the visible GPUs only when it can, and
+a ``KIND_GPU`` one fails the load when it cannot. Both import the framework lazily, in the core's process.
 
 The repository (``pyserve.repository``) and ``Serve.bind_model`` build a ``BackendModel`` and pick the backend by
 name with ``pyserve.backends.backend(name)``.
@@ -90,4 +92,9 @@ class Backend(Protocol):
 
     def autocomplete(self, model_file: Path) -> Signature | None:
         """The tensors the file declares, or None when its format does not say."""
+        ...
+
+    def gpu_capable(self) -> bool:
+        """Whether this backend can run instances on a GPU here: its framework is installed with GPU support (a
+        ``KIND_AUTO`` instance group uses the visible GPUs only then)."""
         ...

@@ -223,3 +223,12 @@ def autocomplete(model_file: Path) -> Signature | None:
     if not model_file.is_file():
         raise ConfigError(f"model file {model_file} does not exist")
     return session_signature(open_onnx(model_file, "cpu"))
+
+
+def gpu_capable() -> bool:
+    """Whether the installed onnxruntime can run on a GPU (the ``onnxruntime-gpu`` build has the CUDA provider)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return False
+    return "CUDAExecutionProvider" in ort.get_available_providers()

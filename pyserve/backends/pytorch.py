@@ -208,3 +208,12 @@ def create(model: BackendModel) -> TorchModel:
 def autocomplete(model_file: Path) -> Signature | None:
     """None: a TorchScript file does not say its tensors' names, types or shapes; declare them in the config."""
     return None
+
+
+def gpu_capable() -> bool:
+    """Whether torch is installed here and can use a CUDA GPU (a CUDA build, a driver and a GPU)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())

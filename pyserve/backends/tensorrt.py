@@ -217,3 +217,12 @@ def autocomplete(model_file: Path) -> Signature | None:
     engine = TensorRTEngine(model_file)
     engine.open("cuda:0")
     return engine.signature()
+
+
+def gpu_capable() -> bool:
+    """Whether ``tensorrt`` is installed (TensorRT runs on GPUs only; a missing GPU fails the instance's setup)."""
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -7,6 +7,8 @@ import logging
 import os
 from typing import Any
 
+from pyserve.devices import VISIBLE_DEVICES, nvml_gpus, visible_gpus
+
 logger = logging.getLogger(__name__)
 
 
@@ -76,16 +78,15 @@ class GpuReader:
             return None
         try:
             pynvml.nvmlInit()
-            count = pynvml.nvmlDeviceGetCount()
-            handles = []
-            for index in _visible_gpus(count):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                uuid = pynvml.nvmlDeviceGetUUID(handle)
-                handles.append((uuid.decode() if isinstance(uuid, bytes) else str(uuid), handle))
+            gpus = nvml_gpus(pynvml)
         except Exception as exc:  # NVMLError: library or driver missing, no device
             logger.debug("no GPU metrics: %s", exc)
             return None
+        # The GPUs this server may place instances on; a MIG device has no reading of its own here.
+        visible = visible_gpus([uuid for uuid, _ in gpus], os.environ.get(VISIBLE_DEVICES))
+        handles = [gpus[gpu.index] for gpu in visible if gpu.index is not None]
         if not handles:
+            pynvml.nvmlShutdown()
             return None
         return cls(pynvml, handles)
 
@@ -135,18 +136,3 @@ GPU_FAMILIES = (
     ("nv_gpu_power_limit", "GPU power management limit in watts", "gauge"),
     ("nv_energy_consumption", "GPU energy consumption in joules since the Triton Server started", "counter"),
 )
-
-
-def _visible_gpus(count: int) -> list[int]:
-    # Report the GPUs this server may place instances on: CUDA_VISIBLE_DEVICES (indexes) when set.
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return list(range(count))
-    indexes = []
-    for item in visible.split(","):
-        item = item.strip()
-        if not item.isdigit():
-            break  # CUDA stops at the first invalid entry; UUID lists are not mapped here
-        if int(item) < count:
-            indexes.append(int(item))
-    return indexes

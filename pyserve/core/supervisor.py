@@ -2,7 +2,7 @@
 
 The core owns the processes (so a crash is noticed even while the user's process is busy) but never unpickles
 user code: the worker process reads the pickled callable from a file the core wrote. Each process gets
-``CUDA_VISIBLE_DEVICES`` for its GPU, so inside it the device is ``cuda:0``.
+``CUDA_VISIBLE_DEVICES`` for its GPU (the core's own entry for it), so inside it the device is ``cuda:0``.
 
 Nothing here polls on a timer where the system allows: exits are watched through pidfds on the core's event loop,
 restarts are timers, and workers learn of the core's death from a pipe that reaches end-of-file when it dies.
@@ -17,11 +17,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyserve.core.inference import ModelEntry
+from pyserve.devices import VISIBLE_DEVICES, pinned_visible_devices
 
 logger = logging.getLogger(__name__)
 
@@ -85,15 +86,33 @@ def open_pidfd(pid: int) -> int | None:
     return fd
 
 
-def placement(devices: tuple[str, ...], index: int) -> tuple[str, dict[str, str]]:
-    """The device string an instance sees and the environment that pins it there (round-robin over devices)."""
+def placement(
+    devices: tuple[str, ...], index: int, environ: Mapping[str, str] = os.environ
+) -> tuple[str, dict[str, str]]:
+    """The device string an instance sees and the environment that pins it there (round-robin over devices).
+
+    ``cuda:N`` is this server's GPU N: the instance gets this server's own ``CUDA_VISIBLE_DEVICES`` entry for it
+    (from ``environ``), so with ``CUDA_VISIBLE_DEVICES=2,3`` an instance on ``cuda:0`` runs on GPU 2.
+    """
     if not devices:
         return "cpu", {}
     device = devices[index % len(devices)]
     if device.startswith("cuda:"):
-        return "cuda:0", {"CUDA_VISIBLE_DEVICES": device.split(":", 1)[1]}
+        ordinal = device.split(":", 1)[1]
+        visible = environ.get(VISIBLE_DEVICES)
+        pinned = pinned_visible_devices(int(ordinal), visible) if ordinal.isdigit() else None
+        if pinned is None:
+            logger.warning(
+                "an instance is placed on %s, but this server's %s=%r names no GPU %s: the instance sees no GPU",
+                device,
+                VISIBLE_DEVICES,
+                visible,
+                ordinal,
+            )
+            pinned = ""
+        return "cuda:0", {VISIBLE_DEVICES: pinned}
     if device == "cpu":
-        return "cpu", {"CUDA_VISIBLE_DEVICES": ""}
+        return "cpu", {VISIBLE_DEVICES: ""}
     return device, {}
 
 

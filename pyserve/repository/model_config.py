@@ -4,8 +4,9 @@ files, as the ``ModelSpec`` / ``EnsembleSpec`` the core serves.
 ``read_model`` follows tritonserver: the directory's name is the model's; ``version_policy`` picks the version
 directories; without ``--strict-model-config`` what the config leaves out is completed from the model file
 (``pyserve.repository.autocomplete``); Triton's defaults are then filled in (a ``KIND_GPU`` instance group without
-``gpus`` is placed on every visible GPU). Fields Triton's backends read that pyserve's take as ``parameters`` are
-mapped there (``pyserve.repository.backend_parameters``). Config fields pyserve does not use are reported in
+``gpus`` is placed on every visible GPU, a ``KIND_AUTO`` one on them where the backend can use them). Fields
+Triton's backends read that pyserve's take as ``parameters`` are mapped there
+(``pyserve.repository.backend_parameters``). Config fields pyserve does not use are reported in
 ``ModelDefinition.warnings`` (``pyserve.repository.config_document``); ``sequence_batching`` is refused. Every error
 is a one-line ``ConfigError`` naming the model.
 """
@@ -23,6 +24,7 @@ from typing import Any
 import pyserve.repository.layout as layout
 from pyserve.backends import Backend, BackendModel, backend, backend_for
 from pyserve.config import DynamicBatcher, ModelConfig, ModelSpec, QueuePolicy, Tensor, WorkerKind
+from pyserve.devices import visible_gpu_count
 from pyserve.dtypes import datatype_of
 from pyserve.ensemble import EnsembleSpec, Step
 from pyserve.errors import ConfigError
@@ -37,7 +39,6 @@ from pyserve.repository.config_document import (
     parse_config_text,
     unused_fields,
 )
-from pyserve.repository.gpus import visible_gpu_count
 from pyserve.repository.hooks import LoadHook, check_agents, checksum_hook, run_hooks
 
 
@@ -82,6 +83,27 @@ class ModelDefinition:
         )
 
 
+def backend_gpu_capable(module: Backend) -> bool:
+    """Whether the backend can run instances on a GPU here (its ``gpu_capable()``). A backend module that does not
+    say can: the Python backend's functions choose their own device."""
+    capable: Callable[[], bool] = getattr(module, "gpu_capable", lambda: True)
+    return capable()
+
+
+# What a backend that cannot use a GPU here lacks, and how to install it.
+_GPU_NEEDS = {
+    "onnxruntime": (
+        "the installed onnxruntime has no CUDAExecutionProvider",
+        'install onnxruntime-gpu in place of onnxruntime: pip uninstall onnxruntime && pip install "pyserve[onnx-gpu]"',
+    ),
+    "pytorch": (
+        "torch is missing or is not a CUDA build",
+        'install a CUDA build of torch: pip install "pyserve[torch]" (PyPI\'s Linux wheels are CUDA builds)',
+    ),
+    "tensorrt": ("tensorrt is not installed", 'install it: pip install "pyserve[tensorrt]"'),
+}
+
+
 def read_model(
     model_dir: Path,
     *,
@@ -90,6 +112,7 @@ def read_model(
     files: Mapping[str, bytes] | None = None,
     hooks: Sequence[LoadHook] = (),
     gpu_count: Callable[[], int] = visible_gpu_count,
+    gpu_capable: Callable[[Backend], bool] = backend_gpu_capable,
 ) -> ModelDefinition:
     """Read the model in ``model_dir`` (its name is the directory's).
 
@@ -98,13 +121,15 @@ def read_model(
     ``model_dir`` (see ``ModelDefinition``). ``strict`` (tritonserver's ``--strict-model-config``) turns
     auto-complete off. The checksum check, then ``hooks``, run on the directory before the model files are read;
     a hook may hand back another directory to read them from. ``gpu_count`` counts the GPUs instance groups may be
-    placed on (asked only where a group's kind or ``gpus`` leaves it open).
+    placed on (asked only where a group's kind or ``gpus`` leaves it open); ``gpu_capable`` tells whether the
+    model's backend can use them (by default ``backend_gpu_capable``; asked only for a ``KIND_AUTO`` group where a
+    GPU is visible, and for a ``KIND_GPU`` one).
     """
     if files is None:
-        return _read_model(model_dir.name, model_dir, strict, config_override, hooks, gpu_count)
+        return _read_model(model_dir.name, model_dir, strict, config_override, hooks, gpu_count, gpu_capable)
     written = layout.write_model_files(model_dir.name, files)
     try:
-        return _read_model(model_dir.name, written, strict, config_override, hooks, gpu_count)
+        return _read_model(model_dir.name, written, strict, config_override, hooks, gpu_count, gpu_capable)
     except BaseException:
         shutil.rmtree(written, ignore_errors=True)
         raise
@@ -117,6 +142,7 @@ def _read_model(
     config_override: str | None,
     hooks: Sequence[LoadHook],
     gpu_count: Callable[[], int],
+    gpu_capable: Callable[[Backend], bool],
 ) -> ModelDefinition:
     config = _load_config(name, model_dir, config_override, strict)
     if config.name and config.name != name:
@@ -147,7 +173,7 @@ def _read_model(
             raise ConfigError(f"model '{name}': version {version} has no model file {version}/{filename}")
     if not strict:
         complete_config(name, config, module, model_files[versions[-1]])
-    _normalize(config, backend_name, module, functools.cache(gpu_count))
+    _normalize(config, backend_name, module, functools.cache(gpu_count), functools.cache(lambda: gpu_capable(module)))
     mapped = backend_parameters(name, backend_name, config)
     with _about(name):
         specs = {version: _model_spec(name, version, config, mapped.parameters) for version in versions}
@@ -256,7 +282,13 @@ def _read_ensemble(
 # Triton's defaults --------------------------------------------------------------------------------------------------
 
 
-def _normalize(config: pb.ModelConfig, backend_name: str, module: Backend, gpu_count: Callable[[], int]) -> None:
+def _normalize(
+    config: pb.ModelConfig,
+    backend_name: str,
+    module: Backend,
+    gpu_count: Callable[[], int],
+    gpu_capable: Callable[[], bool],
+) -> None:
     """Fill the defaults Triton fills before it serves a config (and answers it on /config), in place."""
     config.backend = backend_name
     if not config.platform and module.PLATFORMS:
@@ -272,13 +304,20 @@ def _normalize(config: pb.ModelConfig, backend_name: str, module: Backend, gpu_c
         group.name = group.name or f"{config.name}_{index}"
         group.count = max(group.count, 1)
         if group.kind == pb.ModelInstanceGroup.KIND_AUTO:
-            # As in Triton: on the GPUs when any is visible and every one listed is, else on the CPU.
+            # As in Triton: on the GPUs when any is visible, every one listed is and the backend can use them (an
+            # ONNX model stays on the CPU where only the CPU build of onnxruntime is installed), else on the CPU.
             visible = gpu_count()
-            if visible and all(0 <= gpu < visible for gpu in group.gpus):
+            if visible and all(0 <= gpu < visible for gpu in group.gpus) and gpu_capable():
                 group.kind = pb.ModelInstanceGroup.KIND_GPU
             else:
                 group.kind = pb.ModelInstanceGroup.KIND_CPU
                 del group.gpus[:]
+        elif group.kind == pb.ModelInstanceGroup.KIND_GPU and not gpu_capable():
+            lacks, install = _GPU_NEEDS.get(backend_name, ("its framework has no GPU support", "install its GPU build"))
+            raise ConfigError(
+                f"model '{config.name}': instance_group '{group.name}' asks for KIND_GPU, but backend "
+                f"'{backend_name}' cannot use a GPU here ({lacks}); {install}"
+            )
         if group.kind == pb.ModelInstanceGroup.KIND_GPU and not group.gpus:
             visible = gpu_count()
             if not visible:

@@ -384,3 +384,7 @@ def test_the_created_object_is_small_to_pickle(mlp_file: Path) -> None:
     again.setup("cpu")
     (response,) = again(RequestBatch([Request({"x": np.ones((1, 4), np.float32)})]))
     np.testing.assert_allclose(response["y"], expected_mlp(np.ones((1, 4), np.float32))[0], rtol=1e-5, atol=1e-5)
+
+
+def test_onnxruntime_can_use_a_gpu_where_its_build_has_the_cuda_provider() -> None:
+    assert ort_backend.gpu_capable() is ("CUDAExecutionProvider" in ort.get_available_providers())

@@ -240,3 +240,7 @@ def test_open_torchscript_loads_a_module_for_a_bound_class(tmp_path: Path) -> No
     module = open_torchscript(script(Named(), tmp_path / "model.pt"), "cpu")
     assert not module.training
     assert module(torch.ones(1, 2))["double"].tolist() == [[2.0, 2.0]]
+
+
+def test_torch_can_use_a_gpu_where_cuda_is_available() -> None:
+    assert torch_backend.gpu_capable() is torch.cuda.is_available()

@@ -24,6 +24,7 @@ SHARED = frozenset(
         "pyserve.errors",
         "pyserve.request",
         "pyserve.decorators",
+        "pyserve.devices",
         "pyserve.ensemble",
         "pyserve.grouping",
         "pyserve.wrapping",
@@ -269,8 +270,8 @@ def test_a_layer_violation_names_the_edge_and_the_rule() -> None:
         "pyserve.core.ensemble_executor -> pyserve.frontends.common (pyserve.core never imports pyserve.frontends)",
         "pyserve.errors -> pyserve.transport.shm (a shared definition imports only other shared definitions)",
         "pyserve.worker.instance -> pyserve.core.tracing (pyserve.worker may import only pyserve.config, "
-        "pyserve.decorators, pyserve.dtypes, pyserve.ensemble, pyserve.errors, pyserve.grouping, pyserve.request, "
-        "pyserve.telemetry, pyserve.transport, pyserve.wrapping)",
+        "pyserve.decorators, pyserve.devices, pyserve.dtypes, pyserve.ensemble, pyserve.errors, pyserve.grouping, "
+        "pyserve.request, pyserve.telemetry, pyserve.transport, pyserve.wrapping)",
     ]
 
 

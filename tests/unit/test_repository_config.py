@@ -5,6 +5,7 @@ ensembles, the load API's config and file overrides, the config's JSON form, and
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -13,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from pyserve.backends import onnxruntime, tensorrt
+from pyserve.backends import Backend, backend, onnxruntime, tensorrt
 from pyserve.config import DynamicBatcher, QueuePolicy, Tensor, TimeoutAction, WorkerKind
 from pyserve.ensemble import Step
 from pyserve.errors import ConfigError
 from pyserve.repository import ModelDefinition, read_model
+from pyserve.repository.model_config import backend_gpu_capable
 
 TENSORS = """
 input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] } ]
@@ -42,9 +44,16 @@ def gpus(count: int) -> Callable[[], int]:
     return lambda: count
 
 
+def backends_use_gpus(capable: bool) -> Callable[[Backend], bool]:
+    """A ``gpu_capable`` for ``read_model``: every backend can use a GPU here, or none can."""
+    return lambda module: capable
+
+
 def read(tmp_path: Path, config: str | None, files: tuple[str, ...] = ("1/model.onnx",), **kw: Any) -> ModelDefinition:
-    """Read the model written from ``config``, on a machine with no GPU unless ``gpu_count`` says otherwise."""
+    """Read the model written from ``config``, on a machine with no GPU unless ``gpu_count`` says otherwise, whose
+    backends can use a GPU unless ``gpu_capable`` says otherwise."""
     kw.setdefault("gpu_count", gpus(0))
+    kw.setdefault("gpu_capable", backends_use_gpus(True))
     return read_model(write_model(tmp_path, config, files), **kw)
 
 
@@ -170,6 +179,62 @@ def test_gpus_are_counted_once_and_only_where_a_group_leaves_them_open(tmp_path:
     shutil.rmtree(tmp_path / "m")
     read(tmp_path, BATCHING + "instance_group [ { kind: KIND_GPU }, { }, { gpus: [ 0 ] } ]", gpu_count=two_gpus)
     assert counted == [2]
+
+
+def test_kind_auto_stays_on_the_cpu_where_the_backend_cannot_use_the_gpus(tmp_path: Path) -> None:
+    definition = read(tmp_path, BATCHING, gpu_count=gpus(2), gpu_capable=backends_use_gpus(False))
+    assert definition.specs[1].config.devices == ()
+    (group,) = definition.config_json["instance_group"]
+    assert (group["kind"], group["gpus"]) == ("KIND_CPU", [])
+
+
+def test_kind_gpu_with_a_backend_that_cannot_use_a_gpu_fails_the_load_saying_what_to_install(tmp_path: Path) -> None:
+    config = BATCHING + "instance_group [ { kind: KIND_GPU gpus: [ 0 ] } ]"
+    with pytest.raises(ConfigError) as caught:
+        read(tmp_path, config, gpu_count=gpus(1), gpu_capable=backends_use_gpus(False))
+    assert str(caught.value) == (
+        "model 'm': instance_group 'm_0' asks for KIND_GPU, but backend 'onnxruntime' cannot use a GPU here (the "
+        "installed onnxruntime has no CUDAExecutionProvider); install onnxruntime-gpu in place of onnxruntime: "
+        'pip uninstall onnxruntime && pip install "pyserve[onnx-gpu]"'
+    )
+
+
+def test_the_backend_is_asked_about_gpus_once_and_only_where_a_group_could_use_them(tmp_path: Path) -> None:
+    asked: list[str] = []
+
+    def capable(module: Backend) -> bool:
+        asked.append(module.NAME)
+        return True
+
+    read(tmp_path, BATCHING + "instance_group [ { kind: KIND_CPU }, { } ]", gpu_count=gpus(0), gpu_capable=capable)
+    assert asked == []  # no GPU visible: KIND_AUTO is the CPU whatever the backend
+    shutil.rmtree(tmp_path / "m")
+    groups = "instance_group [ { kind: KIND_GPU }, { }, { kind: KIND_GPU gpus: [ 0 ] } ]"
+    read(tmp_path, BATCHING + groups, gpu_count=gpus(2), gpu_capable=capable)
+    assert asked == ["onnxruntime"]
+
+
+def test_a_backend_module_that_does_not_say_can_use_a_gpu() -> None:
+    assert backend_gpu_capable(backend("python")) is True  # its functions choose their own device
+    assert backend_gpu_capable(onnxruntime) is onnxruntime.gpu_capable()
+
+
+def onnxruntime_has_cuda() -> bool:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return False
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+@pytest.mark.skipif(onnxruntime_has_cuda(), reason="onnxruntime-gpu is installed: ONNX models can use the GPUs here")
+def test_with_the_cpu_onnxruntime_an_onnx_model_stays_on_the_cpu_of_a_gpu_machine(tmp_path: Path) -> None:
+    definition = read_model(write_model(tmp_path, BATCHING), gpu_count=gpus(2))
+    assert definition.specs[1].config.devices == ()
+    shutil.rmtree(tmp_path / "m")
+    model_dir = write_model(tmp_path, BATCHING + "instance_group [ { kind: KIND_GPU } ]")
+    with pytest.raises(ConfigError, match=r"backend 'onnxruntime' cannot use a GPU here .*pyserve\[onnx-gpu\]"):
+        read_model(model_dir, gpu_count=gpus(2))
 
 
 def test_the_version_policy_selects_the_specs(tmp_path: Path) -> None:
@@ -603,6 +668,24 @@ def test_a_triton_python_model_completes_the_config_with_auto_complete_config(tm
     assert (spec.inputs, spec.outputs) == ((Tensor("IN", "BYTES", (1,)),), (Tensor("OUT", "INT32", (2,)),))
     assert (spec.config.max_batch_size, spec.config.batcher) == (4, DynamicBatcher())
     assert spec.config.parameters == {"k": "v"}
+
+
+def test_auto_complete_imports_a_model_py_in_a_child_process_not_in_the_caller(tmp_path: Path) -> None:
+    # read_model runs in the core; the model's code must run elsewhere.
+    source = 'import os, pathlib\npathlib.Path(__file__).with_name("imported_by").write_text(str(os.getpid()))\n'
+    model_dir = python_model(tmp_path, source + PYSERVE_MODEL_PY)
+    spec = read_model(model_dir).specs[1]
+    assert spec.inputs == (Tensor("a", "FP32", (-1,)),)
+    importer = int((model_dir / "1" / "imported_by").read_text())
+    assert importer != os.getpid()
+
+
+def test_a_model_py_that_fails_to_import_fails_auto_complete_with_its_message(tmp_path: Path) -> None:
+    model_dir = python_model(tmp_path, "raise RuntimeError('no GPU here')\n")
+    with pytest.raises(
+        ConfigError, match=r"^model 'm': model file '.*model.py' could not be imported: RuntimeError: no"
+    ):
+        read_model(model_dir)
 
 
 def test_a_model_py_that_declares_nothing_needs_a_config(tmp_path: Path) -> None:
