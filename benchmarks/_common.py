@@ -258,6 +258,22 @@ def pytriton_spec(python: Path, pytriton_home: Path) -> ServerSpec:
     )
 
 
+def pyserve_command_spec(
+    command: list[str], env: dict[str, str], http_port: int, grpc_port: int, models: Sequence[str]
+) -> ServerSpec:
+    """A pyserve server started by ``command`` (a script or the CLI), ready once ``models`` are."""
+    return ServerSpec(
+        "pyserve",
+        command,
+        env,
+        http_port,
+        PYSERVE_STARTUP_TIMEOUT_S,
+        PYSERVE_STOP_TIMEOUT_S,
+        ready_models=tuple(models),
+        grpc_port=grpc_port,
+    )
+
+
 def pyserve_spec() -> ServerSpec:
     """The pyserve server, run by this interpreter (the project's venv)."""
     http_port, grpc_port = free_ports(2)

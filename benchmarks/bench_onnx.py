@@ -43,8 +43,6 @@ import numpy as np
 from _common import (
     BENCH_DIR,
     HTTP_TIMEOUT_S,
-    PYSERVE_STARTUP_TIMEOUT_S,
-    PYSERVE_STOP_TIMEOUT_S,
     BenchError,
     Check,
     Measurement,
@@ -60,6 +58,7 @@ from _common import (
     int_list,
     parse_perf_analyzer_args,
     perf_settings,
+    pyserve_command_spec,
     pytriton_spec,
     run_perf_analyzer,
     running_server,
@@ -160,16 +159,7 @@ def pyserve_repository_spec(repository: Path) -> ServerSpec:
     command = [sys.executable, "-c", PYSERVE_LAUNCHER, str(os.getpid()), "serve"]
     command += ["--model-repository", str(repository), "--http-port", str(http_port)]
     command += ["--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port)]
-    return ServerSpec(
-        "pyserve",
-        command,
-        env,
-        http_port,
-        PYSERVE_STARTUP_TIMEOUT_S,
-        PYSERVE_STOP_TIMEOUT_S,
-        ready_models=(MODEL_NAME,),
-        grpc_port=grpc_port,
-    )
+    return pyserve_command_spec(command, env, http_port, grpc_port, (MODEL_NAME,))
 
 
 def pytriton_onnx_spec(python: Path, home: Path, model_file: Path, intra_op_threads: int) -> ServerSpec:

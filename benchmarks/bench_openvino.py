@@ -36,8 +36,6 @@ import numpy as np
 from _common import (
     BENCH_DIR,
     HTTP_TIMEOUT_S,
-    PYSERVE_STARTUP_TIMEOUT_S,
-    PYSERVE_STOP_TIMEOUT_S,
     REPO_ROOT,
     BenchError,
     Measurement,
@@ -50,6 +48,7 @@ from _common import (
     format_table,
     free_ports,
     int_list,
+    pyserve_command_spec,
     run_perf_analyzer,
     running_server,
 )
@@ -126,16 +125,7 @@ def server_spec() -> ServerSpec:
     env |= {"PYTHONUNBUFFERED": "1", "PYSERVE_HTTP_PORT": str(http_port)}
     env |= {"PYSERVE_GRPC_PORT": str(grpc_port), "PYSERVE_METRICS_PORT": str(metrics_port)}
     command = [sys.executable, "-c", SERVER_LAUNCHER, str(os.getpid())]
-    return ServerSpec(
-        "pyserve",
-        command,
-        env,
-        http_port,
-        PYSERVE_STARTUP_TIMEOUT_S,
-        PYSERVE_STOP_TIMEOUT_S,
-        ready_models=(MODEL_NAME,),
-        grpc_port=grpc_port,
-    )
+    return pyserve_command_spec(command, env, http_port, grpc_port, (MODEL_NAME,))
 
 
 def measure_served(
