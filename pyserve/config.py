@@ -312,6 +312,11 @@ class ServeConfig:
     (``PYSERVE_STAGE_TIMES=/path/file.jsonl``) is a debug switch: the core appends one JSON line per HTTP infer
     request to that file, with when it passed each stage in the core and its instance (``pyserve.core.stage_times``,
     ``benchmarks/hop_budget.py``); empty (the default) turns it off.
+
+    Shared memory (docs/shared-memory.md): ``restricted_api`` is tritonserver's ``--http-restricted-api`` /
+    ``--grpc-restricted-protocol`` value, ``shared-memory:<key>=<value>``: the shared-memory endpoints (register,
+    unregister, status) then need the HTTP header ``<key>: <value>`` (gRPC: the metadata
+    ``triton-grpc-protocol-<key>``), else 403 / PERMISSION_DENIED. Empty (the default): not restricted.
     """
 
     host: str = "127.0.0.1"
@@ -341,6 +346,7 @@ class ServeConfig:
     load_model: tuple[str, ...] = ()
     strict_model_config: bool = False
     repository_hooks: tuple[str, ...] = ()
+    restricted_api: str = ""
 
     def __post_init__(self) -> None:
         for name in ("load_model", "repository_hooks"):
@@ -372,6 +378,24 @@ class ServeConfig:
             raise ConfigError(f"reply_spin_us must be >= 0, got {self.reply_spin_us}")
         if self.log_format not in ("default", "ISO8601", "json"):
             raise ConfigError(f"log_format must be 'default', 'ISO8601' or 'json', got {self.log_format!r}")
+        self.shared_memory_restriction()  # raises ConfigError on a malformed restricted_api
+
+    def shared_memory_restriction(self) -> tuple[str, str] | None:
+        """``(header, value)`` the shared-memory endpoints require (``restricted_api``), or None when open."""
+        if not self.restricted_api:
+            return None
+        apis, _, setting = self.restricted_api.partition(":")
+        key, _, value = setting.partition("=")
+        names = [name.strip() for name in apis.split(",")]
+        if not key.strip() or not value or not all(names):
+            raise ConfigError(
+                f"restricted_api must be '<apis>:<key>=<value>' (as tritonserver's --http-restricted-api), "
+                f"got {self.restricted_api!r}"
+            )
+        unsupported = [name for name in names if name != "shared-memory"]
+        if unsupported:
+            raise ConfigError(f"restricted_api: only 'shared-memory' can be restricted, got {', '.join(unsupported)}")
+        return key.strip().lower(), value
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ServeConfig:

@@ -13,6 +13,7 @@ PyServeError
 │   ├── RequestTimeoutError      503 / DEADLINE_EXCEEDED: the request waited past its timeout
 │   ├── CancelledError           499 / CANCELLED: the client went away
 │   ├── UnsupportedError         501 / UNIMPLEMENTED: valid request this server cannot serve
+│   ├── PermissionDeniedError    403 / PERMISSION_DENIED: a restricted API without its header (restricted_api)
 │   ├── ModelLoadError           400 / INVALID_ARGUMENT: a repository model failed to load or unload
 │   ├── ModelExecutionError      500 / INTERNAL: the user's function raised (type and message)
 │   │   └── OutputMismatchError  500 / INTERNAL: a model returned a missing or (strict) wrong output
@@ -103,6 +104,13 @@ class UnsupportedError(InferenceError):
     grpc_code = "UNIMPLEMENTED"
 
 
+class PermissionDeniedError(InferenceError):
+    """A restricted API (``ServeConfig.restricted_api``) was called without the header it requires."""
+
+    http_status = 403
+    grpc_code = "PERMISSION_DENIED"
+
+
 class ModelLoadError(InferenceError):
     """A repository model could not be loaded or unloaded (its config, files or instances); the message says why."""
 
@@ -152,6 +160,7 @@ _BY_NAME: dict[str, type[InferenceError]] = {
         RequestTimeoutError,
         CancelledError,
         UnsupportedError,
+        PermissionDeniedError,
         ModelLoadError,
         ModelExecutionError,
         OutputMismatchError,

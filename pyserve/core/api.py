@@ -3,9 +3,9 @@
 The core process's entry point (``pyserve.core.__main__``) builds the core, then starts each front end with the
 core's ``CoreApi``. A front end decodes its wire format into a request (``infer_call.build_request``), submits it
 here and writes the answer from the request's callback; everything else it serves (health, metadata, statistics,
-settings, the metrics page) it reads through the same object. Front ends never see ``CoreServer``, its sockets or
-its workers, so either side can change behind this interface, and a front end can be tested against a
-``CoreApi`` built from fakes.
+settings, the metrics page, clients' shared-memory regions) it reaches through the same object. Front ends never
+see ``CoreServer``, its sockets or its workers, so either side can change behind this interface, and a front end
+can be tested against a ``CoreApi`` built from fakes.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from pyserve.core.inference import InferenceRequest, ModelEntry
+from pyserve.core.inference import InferenceRequest, ModelEntry, SharedMemorySlice
 
 
 class ModelsView(Protocol):
@@ -91,6 +91,32 @@ class RepositoryControls(Protocol):
         ...
 
 
+class SharedMemoryControls(Protocol):
+    """Triton's shared-memory extension: clients' regions, system and CUDA, by name
+    (``pyserve.core.shm_regions.SharedMemoryRegistry``). ``kind`` is ``"system"`` or ``"cuda"``; every error is an
+    ``InferenceError`` naming what is wrong."""
+
+    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """Map ``byte_size`` bytes at ``offset`` of the client's ``/dev/shm/<key>`` as region ``name``."""
+        ...
+
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        """Open a client's CUDA IPC handle as region ``name``."""
+        ...
+
+    def unregister(self, kind: str, name: str = "") -> None:
+        """Unregister one region of ``kind``, or all of them without a name."""
+        ...
+
+    def status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
+        """Triton's status entries of the regions of ``kind`` (or of the one named)."""
+        ...
+
+    def slice(self, name: str, offset: int, byte_size: int) -> SharedMemorySlice:
+        """Where one input or output of a request lies in region ``name``."""
+        ...
+
+
 class CoreApi:
     """The core, as a front end sees it.
 
@@ -105,6 +131,7 @@ class CoreApi:
     - ``metrics_page()``: the Prometheus page, built when called (``METRICS_CONTENT_TYPE``).
     - ``repository``: the repository index, load and unload (``RepositoryControls``).
     - ``stage_times``: the stage-times recorder (``StageRecorder``), None unless ``ServeConfig.stage_times`` is on.
+    - ``shared_memory``: the clients' shared-memory regions (``SharedMemoryControls``).
 
     The members are the core's own bound methods and objects, so calling through this object costs what calling
     the core directly would.
@@ -117,6 +144,7 @@ class CoreApi:
         "metrics_page",
         "models",
         "repository",
+        "shared_memory",
         "stage_times",
         "submit",
         "tracing",
@@ -133,6 +161,7 @@ class CoreApi:
         logs: LogControls,
         metrics_page: Callable[[], bytes],
         repository: RepositoryControls,
+        shared_memory: SharedMemoryControls,
         stage_times: StageRecorder | None = None,
     ) -> None:
         self.submit = submit
@@ -144,6 +173,7 @@ class CoreApi:
         self.metrics_page = metrics_page
         self.stage_times = stage_times
         self.repository = repository
+        self.shared_memory = shared_memory
 
     def is_live(self) -> bool:
         """Whether the core answers: always, while its loop runs (anything that can ask, gets True)."""

@@ -27,9 +27,9 @@ from pyserve.core.stage_times import StageTimes
 from pyserve.core.stats import BACKEND, CANCELED, OTHER
 from pyserve.core.tracing import Tracing
 from pyserve.errors import InferenceError
-from pyserve.transport.messages import FrameWriter, pack_header, read_buffer
+from pyserve.transport.messages import FrameWriter, Loc, pack_header, read_buffer
 from pyserve.transport.protocol import MERGED, BatchResult, CancelNotice, FreeSlots, Header, InferBatch
-from pyserve.transport.shm import ShmPool, ShmReader
+from pyserve.transport.shm import LARGE_SLOT_BYTES, ShmPool, ShmReader
 
 
 class Send(Protocol):
@@ -133,19 +133,26 @@ class BatchesInFlight:
         writer = FrameWriter(self._pool, self._threshold)
         blocks: list[Any] = []
         head = batch[0]
+        single = len(batch) == 1
         if entry.batching:
             rows = 0
             for request in batch:
                 rows += request.rows
             for name, tensor in head.inputs.items():
-                parts = [request.inputs[name].buffer() for request in batch]
-                nbytes = sum(memoryview(part).nbytes for part in parts)
-                loc = writer.add_parts(parts, nbytes)
+                if single and tensor.location is not None and tensor.nbytes >= LARGE_SLOT_BYTES:
+                    loc = _in_client_segment(tensor.location, tensor.nbytes)
+                else:
+                    parts = [request.inputs[name].buffer() for request in batch]
+                    nbytes = sum(memoryview(part).nbytes for part in parts)
+                    loc = writer.add_parts(parts, nbytes)
                 blocks.append([name, tensor.datatype, [rows, *tensor.shape[1:]], loc, MERGED])
         else:
             rows = 1
             for name, tensor in head.inputs.items():
-                loc = writer.add(tensor.buffer(), tensor.nbytes)
+                if tensor.location is not None and tensor.nbytes >= LARGE_SLOT_BYTES:
+                    loc = _in_client_segment(tensor.location, tensor.nbytes)
+                else:
+                    loc = writer.add(tensor.buffer(), tensor.nbytes)
                 blocks.append([name, tensor.datatype, tensor.shape, loc, 0])
         trace = self._tracing.on_dispatch(batch) if self._tracing.active else None
         requests = [[r.id, r.parameters, r.requested_outputs, r.rows] for r in batch]
@@ -253,6 +260,15 @@ class BatchesInFlight:
                 self._loop.remove_reader(self._cancel_socket.fileno())
             self._cancel_socket.close(linger=0)
             self._cancel_socket = None
+
+
+def _in_client_segment(location: tuple[str, int], nbytes: int) -> Loc:
+    # A large input in a client's shared-memory segment (Triton's shared-memory extension) goes to the instance as its
+    # place, which the instance maps itself, instead of being copied into the pool: the instance maps a large slot
+    # anew for each batch anyway (docs/shared-memory.md, "Copies"). Below that size a copy into a slot the instance
+    # keeps mapped is cheaper than a fresh mapping.
+    segment, offset = location
+    return [segment, nbytes, offset]
 
 
 def _shm_location(loc: Any) -> list[Any] | None:

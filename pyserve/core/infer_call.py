@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from pyserve.core.inference import InferenceRequest, InputTensor, ModelEntry, ResponseCallback
+from pyserve.core.inference import InferenceRequest, InputTensor, ModelEntry, ResponseCallback, SharedMemorySlice
 from pyserve.dtypes import itemsize, numpy_dtype
 from pyserve.errors import InvalidInputError
 
@@ -27,7 +27,8 @@ EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
 
 @dataclass(slots=True)
 class InferCall:
-    """A decoded infer request: inputs, parameters and how each output should be encoded (HTTP only)."""
+    """A decoded infer request: inputs, parameters and how each output should be encoded (HTTP only); outputs the
+    client wants in its shared-memory regions (``shm_outputs``, None when none) are written there by the front end."""
 
     id: str
     inputs: dict[str, InputTensor]
@@ -35,6 +36,7 @@ class InferCall:
     requested_outputs: list[str]
     binary_outputs: dict[str, bool] = field(default_factory=dict)
     binary_default: bool = False
+    shm_outputs: dict[str, SharedMemorySlice] | None = None
 
     @property
     def wants_empty_final_response(self) -> bool:
@@ -60,6 +62,14 @@ def tensor_from_binary(name: str, datatype: str, shape: list[int], chunk: memory
         raise InvalidInputError(f"input '{name}': shape {shape} of {datatype} needs {expected} bytes, got {len(chunk)}")
     array = np.frombuffer(chunk, dtype=numpy_dtype(datatype), count=count).reshape(shape)
     return InputTensor(datatype, shape, array)
+
+
+def tensor_from_shared_memory(name: str, datatype: str, shape: list[int], where: SharedMemorySlice) -> InputTensor:
+    """An input whose bytes lie in a client's shared-memory region: checked like raw bytes, read in place (a system
+    region's bytes are also marked with their segment, for an instance to map them itself)."""
+    tensor = tensor_from_binary(name, datatype, shape, where.read())
+    tensor.location = where.location
+    return tensor
 
 
 def check_bytes_blob(name: str, chunk: memoryview, count: int) -> None:

@@ -21,13 +21,37 @@ from pyserve.dtypes import deserialize_bytes, numpy_dtype
 from pyserve.errors import ConfigError, InferenceError, InvalidInputError
 
 
+class SharedMemorySlice(Protocol):
+    """Where a request's input or output lies in a client's registered shared-memory region (Triton's extension):
+    ``byte_size`` bytes at ``offset`` of region ``region`` (``pyserve.core.shm_regions`` makes them)."""
+
+    region: str
+    offset: int
+    byte_size: int
+    location: tuple[str, int] | None
+    """``(segment, offset in it)`` of the bytes in ``/dev/shm``, for an instance to map; None for CUDA memory."""
+
+    def read(self) -> memoryview:
+        """The bytes (a view of the region for system shared memory, a host copy for CUDA memory)."""
+        ...
+
+    def write(self, data: Any) -> None:
+        """Write ``data`` (a buffer of at most ``byte_size`` bytes) at the start of the slice."""
+        ...
+
+
 @dataclass(slots=True)
 class InputTensor:
-    """A decoded request input: fixed-size data as a numpy array, BYTES as their length-prefixed blob."""
+    """A decoded request input: fixed-size data as a numpy array, BYTES as their length-prefixed blob.
+
+    ``location`` is ``(segment, offset)`` when the bytes lie in a client's shared-memory segment an instance can map
+    itself (``pyserve.core.batches`` then hands it the place instead of a copy).
+    """
 
     datatype: str
     shape: list[int]
     data: Any  # np.ndarray for fixed-size types; bytes/memoryview (length-prefixed) for BYTES
+    location: tuple[str, int] | None = None
 
     @property
     def nbytes(self) -> int:

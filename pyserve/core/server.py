@@ -37,6 +37,7 @@ from pyserve.core.metrics_collector import CoreMetrics
 from pyserve.core.registry import Registry
 from pyserve.core.repository_control import RepositoryControl
 from pyserve.core.request_flow import RequestFlow, fail
+from pyserve.core.shm_regions import SharedMemoryRegistry
 from pyserve.core.stage_times import stage_times
 from pyserve.core.supervisor import open_pidfd
 from pyserve.core.tracing import Tracing
@@ -122,6 +123,8 @@ class CoreServer:
             is_stopping=self._is_stopping,
         )
         self.repository = RepositoryControl(config, self.registry, self.workers)
+        # Clients' shared-memory regions: mapped while registered, never unlinked (the clients own them).
+        self.shared_memory = SharedMemoryRegistry(shm_prefix)
         self.api = CoreApi(
             submit=self.requests.submit,
             cancel=self.requests.cancel,
@@ -132,6 +135,7 @@ class CoreServer:
             metrics_page=self.metrics.render,
             stage_times=self.stage_times,
             repository=self.repository,
+            shared_memory=self.shared_memory,
         )
         # Bound once: the router runs for every message.
         self._on_result = self.batches.on_result
@@ -224,6 +228,7 @@ class CoreServer:
             self._socket = None
         self._reader.close()
         self._pool.close()
+        self.shared_memory.close()
         self.metrics.close()
         self.tracing.close()
         if self.stage_times is not None:

@@ -23,6 +23,8 @@ EXTENSIONS = [
     "schedule_policy",
     "trace",
     "logging",
+    "system_shared_memory",
+    "cuda_shared_memory",
 ]
 
 # Protocol-level parameters consumed by the front end, not handed to the model.

@@ -16,6 +16,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 import grpc
@@ -36,6 +37,7 @@ from pyserve.frontends.grpc_codec import (
 )
 from pyserve.frontends.protocol import grpc_service_pb2 as pb
 from pyserve.frontends.protocol import health_pb2
+from pyserve.frontends.shared_memory import CUDA, GRPC_HEADER_PREFIX, SYSTEM, check_restricted, write_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +98,8 @@ class GrpcFrontend:
 
     def _inference_handler(self) -> grpc.GenericRpcHandler:
         unary = self._unary
+        # Shared-memory calls need the metadata triton-grpc-protocol-<key> when ServeConfig.restricted_api says so.
+        restricted = partial(self._unary, restriction=self.config.shared_memory_restriction())
         handlers = {
             "ServerLive": unary(self._server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
             "ServerReady": unary(self._server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
@@ -111,32 +115,18 @@ class GrpcFrontend:
             "RepositoryModelUnload": unary(
                 self._repository_unload, pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse
             ),
-            "SystemSharedMemoryStatus": unary(
-                self._system_shm_status, pb.SystemSharedMemoryStatusRequest, pb.SystemSharedMemoryStatusResponse
-            ),
-            "SystemSharedMemoryRegister": unary(
-                self._shm_register, pb.SystemSharedMemoryRegisterRequest, pb.SystemSharedMemoryRegisterResponse
-            ),
-            "SystemSharedMemoryUnregister": unary(
-                self._system_shm_unregister,
-                pb.SystemSharedMemoryUnregisterRequest,
-                pb.SystemSharedMemoryUnregisterResponse,
-            ),
-            "CudaSharedMemoryStatus": unary(
-                self._cuda_shm_status, pb.CudaSharedMemoryStatusRequest, pb.CudaSharedMemoryStatusResponse
-            ),
-            "CudaSharedMemoryRegister": unary(
-                self._shm_register, pb.CudaSharedMemoryRegisterRequest, pb.CudaSharedMemoryRegisterResponse
-            ),
-            "CudaSharedMemoryUnregister": unary(
-                self._cuda_shm_unregister, pb.CudaSharedMemoryUnregisterRequest, pb.CudaSharedMemoryUnregisterResponse
-            ),
             "TraceSetting": unary(self._trace_setting, pb.TraceSettingRequest, pb.TraceSettingResponse),
             "LogSettings": unary(self._log_settings, pb.LogSettingsRequest, pb.LogSettingsResponse),
             # Raw bytes in and out: the codec handles these messages itself.
             "ModelInfer": grpc.unary_unary_rpc_method_handler(self._model_infer),
             "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(self._model_stream_infer),
         }
+        for kind, rpc in ((SYSTEM, "SystemSharedMemory"), (CUDA, "CudaSharedMemory")):
+            register = self._system_shm_register if kind == SYSTEM else self._cuda_shm_register
+            calls = (("Status", partial(self._shm_status, kind)), ("Register", register))
+            for action, function in (*calls, ("Unregister", partial(self._shm_unregister, kind))):
+                request, response = getattr(pb, f"{rpc}{action}Request"), getattr(pb, f"{rpc}{action}Response")
+                handlers[rpc + action] = restricted(function, request, response)
         return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
     def _health_handler(self) -> grpc.GenericRpcHandler:
@@ -144,11 +134,21 @@ class GrpcFrontend:
         return grpc.method_handlers_generic_handler(HEALTH_SERVICE, {"Check": check})
 
     @staticmethod
-    def _unary(function: Callable[[Any], Any], request_type: Any, response_type: Any) -> grpc.RpcMethodHandler:
-        """A unary handler around a plain function; InferenceError becomes the call's status."""
+    def _unary(
+        function: Callable[[Any], Any],
+        request_type: Any,
+        response_type: Any,
+        restriction: tuple[str, str] | None = None,
+    ) -> grpc.RpcMethodHandler:
+        """A unary handler around a plain function; InferenceError becomes the call's status. With ``restriction``
+        (``(key, value)`` of ``ServeConfig.restricted_api``) the call needs the metadata
+        ``triton-grpc-protocol-<key>``, as tritonserver's ``--grpc-restricted-protocol``."""
+        header = GRPC_HEADER_PREFIX + restriction[0] if restriction is not None else ""
 
         async def handler(request: Any, context: Context) -> Any:
             try:
+                if restriction is not None:
+                    check_restricted(restriction, header, _metadata(context, header))
                 result = function(request)
                 return await result if inspect.isawaitable(result) else result
             except InferenceError as exc:
@@ -222,7 +222,7 @@ class GrpcFrontend:
     def _entry(self, name: str, version: str) -> ModelEntry:
         return self.core.models.get(name, version or None)
 
-    # repository, shared memory, trace, logging: what this server does today ------------------------------------
+    # repository, trace, logging ---------------------------------------------------------------------------------
 
     def _repository_index(self, request: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
         response = pb.RepositoryIndexResponse()
@@ -251,29 +251,27 @@ class GrpcFrontend:
         await self.core.repository.request_unload(request.model_name, dependents is not None and dependents.bool_param)
         return pb.RepositoryModelUnloadResponse()
 
-    def _system_shm_status(self, request: pb.SystemSharedMemoryStatusRequest) -> pb.SystemSharedMemoryStatusResponse:
-        if request.name:
-            raise ModelNotFoundError(f"unable to find system shared memory region: '{request.name}'")
-        return pb.SystemSharedMemoryStatusResponse()
+    # shared memory: Triton's extension (pyserve.frontends.shared_memory) ------------------------------------------
 
-    def _cuda_shm_status(self, request: pb.CudaSharedMemoryStatusRequest) -> pb.CudaSharedMemoryStatusResponse:
-        if request.name:
-            raise ModelNotFoundError(f"unable to find cuda shared memory region: '{request.name}'")
-        return pb.CudaSharedMemoryStatusResponse()
+    def _shm_status(self, kind: str, request: Any) -> Any:
+        response = pb.SystemSharedMemoryStatusResponse() if kind == SYSTEM else pb.CudaSharedMemoryStatusResponse()
+        for region in self.core.shared_memory.status(kind, request.name):
+            response.regions[region["name"]].CopyFrom(type(response).RegionStatus(**region))
+        return response
 
-    def _shm_register(self, request: Any) -> Any:
-        raise UnsupportedError("shared memory regions are not supported by this server; send tensors in the request")
+    def _system_shm_register(
+        self, request: pb.SystemSharedMemoryRegisterRequest
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self.core.shared_memory.register_system(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
 
-    # No region is ever registered, so unregistering (one or all) leaves things as the client asked.
-    def _system_shm_unregister(
-        self, request: pb.SystemSharedMemoryUnregisterRequest
-    ) -> pb.SystemSharedMemoryUnregisterResponse:
-        return pb.SystemSharedMemoryUnregisterResponse()
+    def _cuda_shm_register(self, request: pb.CudaSharedMemoryRegisterRequest) -> pb.CudaSharedMemoryRegisterResponse:
+        self.core.shared_memory.register_cuda(request.name, request.raw_handle, request.device_id, request.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
 
-    def _cuda_shm_unregister(
-        self, request: pb.CudaSharedMemoryUnregisterRequest
-    ) -> pb.CudaSharedMemoryUnregisterResponse:
-        return pb.CudaSharedMemoryUnregisterResponse()
+    def _shm_unregister(self, kind: str, request: Any) -> Any:
+        self.core.shared_memory.unregister(kind, request.name)
+        return pb.SystemSharedMemoryUnregisterResponse() if kind == SYSTEM else pb.CudaSharedMemoryUnregisterResponse()
 
     def _trace_setting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
         tracing = self.core.tracing
@@ -319,7 +317,7 @@ class GrpcFrontend:
     async def _model_infer(self, data: bytes, context: Context) -> bytes:
         try:
             message, raw = parse_infer_request(data)
-            entry, call = decode_infer_call(message, raw, self.core.models)
+            entry, call = decode_infer_call(message, raw, self.core.models, self.core.shared_memory)
             if entry.spec.config.decoupled:
                 raise UnsupportedError(
                     f"model '{entry.name}' is decoupled (streaming): use ModelStreamInfer to receive its responses"
@@ -334,7 +332,13 @@ class GrpcFrontend:
                     future.set_exception(response.error)
                     return
                 try:
-                    future.set_result(infer_response_bytes(entry, call.id, response.outputs, response.parameters))
+                    if call.shm_outputs is not None:
+                        write_outputs(call.shm_outputs, response.outputs)
+                    future.set_result(
+                        infer_response_bytes(entry, call.id, response.outputs, response.parameters, call.shm_outputs)
+                    )
+                except InferenceError as exc:
+                    future.set_exception(exc)
                 except Exception as exc:
                     logger.exception("could not encode the response of request %r", call.id)
                     future.set_exception(InferenceError(f"could not encode the response: {exc}"))
@@ -400,7 +404,7 @@ class _Stream:
         message: pb.ModelInferRequest | None = None
         try:
             message, raw = parse_infer_request(data)
-            entry, call = decode_infer_call(message, raw, self.core.models)
+            entry, call = decode_infer_call(message, raw, self.core.models, self.core.shared_memory)
         except InferenceError as exc:
             self.queue.put_nowait(stream_flag_bytes(message or pb.ModelInferRequest(), str(exc)))
             return
@@ -424,9 +428,15 @@ class _Stream:
                     if empty_final:
                         self.queue.put_nowait(stream_flag_bytes(message))
                 else:
+                    if call.shm_outputs is not None:
+                        write_outputs(call.shm_outputs, response.outputs)
                     self.queue.put_nowait(
-                        stream_response_bytes(entry, call.id, response.outputs, response.final, response.parameters)
+                        stream_response_bytes(
+                            entry, call.id, response.outputs, response.final, response.parameters, call.shm_outputs
+                        )
                     )
+            except InferenceError as exc:
+                self.queue.put_nowait(stream_flag_bytes(message, str(exc)))
             except Exception as exc:
                 logger.exception("could not encode a stream response of request %r", call.id)
                 self.queue.put_nowait(stream_flag_bytes(message, f"could not encode the response: {exc}"))
@@ -453,10 +463,14 @@ class _Stream:
 
 
 def _traceparent(context: Context) -> str:
+    return _metadata(context, "traceparent") or ""
+
+
+def _metadata(context: Context, name: str) -> str | None:
     for key, value in context.invocation_metadata() or ():
-        if key == "traceparent":
+        if key == name:
             return str(value)
-    return ""
+    return None
 
 
 async def start_grpc_server(core: CoreApi, config: ServeConfig) -> tuple[GrpcFrontend, int]:

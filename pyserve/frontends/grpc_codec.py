@@ -17,18 +17,18 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from pyserve.core.api import ModelsView
+from pyserve.core.api import ModelsView, SharedMemoryControls
 from pyserve.core.infer_call import InferCall, check_parameter_names, tensor_from_binary
-from pyserve.core.inference import InputTensor, ModelEntry, OutputTensor
+from pyserve.core.inference import InputTensor, ModelEntry, OutputTensor, SharedMemorySlice
 from pyserve.dtypes import DATATYPES, numpy_dtype, serialize_bytes
 from pyserve.errors import InvalidInputError, UnsupportedError
 from pyserve.frontends.common import FINAL_RESPONSE, model_parameters
 from pyserve.frontends.protocol import grpc_service_pb2 as pb
+from pyserve.frontends.shared_memory import input_from_region, output_parameters, slice_of, uses_shared_memory
 
 _RAW_INPUT_FIELD = 7
 _RAW_OUTPUT_TAG = b"\x32"  # field 6, length-delimited
 _INFER_RESPONSE_TAG = b"\x12"  # ModelStreamInferResponse.infer_response: field 2, length-delimited
-_SHARED_MEMORY_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 # InferTensorContents field per datatype, for requests that send typed contents instead of raw bytes.
 _CONTENTS_FIELD = {
     "BOOL": "bool_contents",
@@ -147,44 +147,84 @@ def parameters_from_proto(parameters: Mapping[str, pb.InferParameter]) -> dict[s
 
 
 def decode_infer_call(
-    message: pb.ModelInferRequest, raw: list[memoryview], models: ModelsView
+    message: pb.ModelInferRequest,
+    raw: list[memoryview],
+    models: ModelsView,
+    regions: SharedMemoryControls | None = None,
 ) -> tuple[ModelEntry, InferCall]:
-    """Resolve the model and decode and validate the request for it (raises InferenceError with the reason)."""
+    """Resolve the model and decode and validate the request for it (raises InferenceError with the reason).
+
+    Inputs in clients' shared-memory regions (looked up in ``regions``) have no ``raw_input_contents``: the raw
+    contents, when sent, are those of the other inputs, in order (as tritonclient sends them)."""
     entry = models.get(message.model_name, message.model_version or None)
     parameters = parameters_from_proto(message.parameters)
     check_parameter_names(parameters)
-    if raw and len(raw) != len(message.inputs):
-        raise InvalidInputError(f"expected {len(message.inputs)} raw_input_contents (one per input), got {len(raw)}")
     inputs: dict[str, InputTensor] = {}
-    for index, tensor in enumerate(message.inputs):
+    used = 0
+    for tensor in message.inputs:
         name = tensor.name
         if name in inputs:
             raise InvalidInputError(f"input '{name}' appears more than once")
-        inputs[name] = _decode_input(tensor, raw[index] if raw else None)
+        if tensor.parameters:
+            tensor_parameters = parameters_from_proto(tensor.parameters)
+            if uses_shared_memory(tensor_parameters):
+                if tensor.HasField("contents"):
+                    raise InvalidInputError(f"input '{name}' has shared memory parameters and contents too")
+                shape = _shape(tensor)
+                inputs[name] = input_from_region(_regions(regions), name, _datatype(tensor), shape, tensor_parameters)
+                continue
+        if raw and used == len(raw):
+            raise InvalidInputError(
+                f"expected one raw_input_contents per input not in shared memory, got {len(raw)} for "
+                f"{len(message.inputs)} inputs"
+            )
+        inputs[name] = _decode_input(tensor, raw[used] if raw else None)
+        used += 1
+    if raw and len(raw) != used:
+        raise InvalidInputError(
+            f"expected {used} raw_input_contents (one per input not in shared memory), got {len(raw)}"
+        )
     requested: list[str] = []
+    shm_outputs: dict[str, SharedMemorySlice] | None = None
     for output in message.outputs:
         output_parameters = parameters_from_proto(output.parameters)
         if "classification" in output_parameters:
             raise InvalidInputError(f"output '{output.name}': the classification extension is not supported")
-        if any(key in output_parameters for key in _SHARED_MEMORY_PARAMETERS):
-            raise UnsupportedError(f"output '{output.name}': shared memory outputs are not supported")
+        if output_parameters and uses_shared_memory(output_parameters):
+            if shm_outputs is None:
+                shm_outputs = {}
+            shm_outputs[output.name] = slice_of(_regions(regions), output_parameters, f"output '{output.name}'")
         requested.append(output.name)
     entry.validate(inputs, requested)
-    return entry, InferCall(message.id, inputs, model_parameters(parameters), requested)
+    return entry, InferCall(message.id, inputs, model_parameters(parameters), requested, shm_outputs=shm_outputs)
+
+
+def _regions(regions: SharedMemoryControls | None) -> SharedMemoryControls:
+    if regions is None:
+        raise UnsupportedError("shared memory regions cannot be used here")
+    return regions
+
+
+def _datatype(tensor: pb.ModelInferRequest.InferInputTensor) -> str:
+    datatype = tensor.datatype
+    if datatype not in DATATYPES:
+        raise InvalidInputError(
+            f"input '{tensor.name}': unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}"
+        )
+    return datatype
+
+
+def _shape(tensor: pb.ModelInferRequest.InferInputTensor) -> list[int]:
+    shape = list(tensor.shape)
+    if any(dim < 0 for dim in shape):
+        raise InvalidInputError(f"input '{tensor.name}': shape must be non-negative integers, got {shape}")
+    return shape
 
 
 def _decode_input(tensor: pb.ModelInferRequest.InferInputTensor, raw: memoryview | None) -> InputTensor:
     name = tensor.name
-    datatype = tensor.datatype
-    if datatype not in DATATYPES:
-        raise InvalidInputError(
-            f"input '{name}': unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}"
-        )
-    shape = list(tensor.shape)
-    if any(dim < 0 for dim in shape):
-        raise InvalidInputError(f"input '{name}': shape must be non-negative integers, got {shape}")
-    if any(key in tensor.parameters for key in _SHARED_MEMORY_PARAMETERS):
-        raise UnsupportedError(f"input '{name}': shared memory inputs are not supported")
+    datatype = _datatype(tensor)
+    shape = _shape(tensor)
     if raw is not None:
         if tensor.HasField("contents"):
             raise InvalidInputError(f"input '{name}' has both contents and raw_input_contents")
@@ -241,14 +281,20 @@ def encode_infer_response(
     outputs: list[OutputTensor],
     parameters: Mapping[str, Any] | None = None,
     final: bool | None = None,
+    shm_outputs: Mapping[str, SharedMemorySlice] | None = None,
 ) -> list[Any]:
     """A ModelInferResponse as buffers to join: the protobuf part, then one raw output field per output.
 
-    ``final`` (streams only) sets the ``triton_final_response`` parameter.
+    ``final`` (streams only) sets the ``triton_final_response`` parameter. An output in ``shm_outputs`` was written
+    into the client's region: it carries the shared-memory parameters and an empty raw field (as Triton keeps one
+    raw field per output, in order).
     """
     message = pb.ModelInferResponse(model_name=entry.name, model_version=str(entry.version), id=request_id)
     for output in outputs:
-        message.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
+        described = message.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
+        if shm_outputs is not None and output.name in shm_outputs:
+            for key, value in output_parameters(shm_outputs[output.name], output.buffer.nbytes).items():
+                set_parameter(described.parameters[key], value)
     if parameters:
         for key, value in parameters.items():
             set_parameter(message.parameters[key], value)
@@ -256,15 +302,22 @@ def encode_infer_response(
         message.parameters[FINAL_RESPONSE].bool_param = final
     parts: list[Any] = [message.SerializeToString()]
     for output in outputs:
-        parts += (_RAW_OUTPUT_TAG, encode_varint(output.buffer.nbytes), output.buffer)
+        if shm_outputs is not None and output.name in shm_outputs:
+            parts += (_RAW_OUTPUT_TAG, b"\x00")
+        else:
+            parts += (_RAW_OUTPUT_TAG, encode_varint(output.buffer.nbytes), output.buffer)
     return parts
 
 
 def infer_response_bytes(
-    entry: ModelEntry, request_id: str, outputs: list[OutputTensor], parameters: Mapping[str, Any] | None = None
+    entry: ModelEntry,
+    request_id: str,
+    outputs: list[OutputTensor],
+    parameters: Mapping[str, Any] | None = None,
+    shm_outputs: Mapping[str, SharedMemorySlice] | None = None,
 ) -> bytes:
     """A serialized ModelInferResponse (the output buffers are copied into it)."""
-    return b"".join(encode_infer_response(entry, request_id, outputs, parameters))
+    return b"".join(encode_infer_response(entry, request_id, outputs, parameters, shm_outputs=shm_outputs))
 
 
 def stream_response_bytes(
@@ -273,9 +326,10 @@ def stream_response_bytes(
     outputs: list[OutputTensor],
     final: bool,
     parameters: Mapping[str, Any] | None = None,
+    shm_outputs: Mapping[str, SharedMemorySlice] | None = None,
 ) -> bytes:
     """A serialized ModelStreamInferResponse carrying one response, flagged with ``triton_final_response``."""
-    parts = encode_infer_response(entry, request_id, outputs, parameters, final)
+    parts = encode_infer_response(entry, request_id, outputs, parameters, final, shm_outputs)
     size = sum(memoryview(part).nbytes for part in parts)
     return b"".join([_INFER_RESPONSE_TAG, encode_varint(size), *parts])
 

@@ -2,7 +2,8 @@
 
 ``HttpApp`` routes each request of a connection (``pyserve.frontends.http_connection``) on its path segments,
 decodes an infer request with ``kserve``, submits it to the core (``CoreApi.submit``) and writes the response from
-the request's callback. Health, metadata, statistics and the settings endpoints read the core through the same
+the request's callback. Health, metadata, statistics, the settings endpoints and Triton's shared-memory endpoints
+(``/v2/systemsharedmemory``, ``/v2/cudasharedmemory``; see ``shared_memory``) reach the core through the same
 ``CoreApi``.
 """
 
@@ -40,10 +41,12 @@ from pyserve.frontends.kserve import (
     encode_generate_response,
     encode_response,
 )
+from pyserve.frontends.shared_memory import CUDA, SYSTEM, check_restricted, write_outputs
 
 logger = logging.getLogger(__name__)
 
 _BINARY = b"application/octet-stream"
+_SHARED_MEMORY_KINDS = {"systemsharedmemory": SYSTEM, "cudasharedmemory": CUDA}
 _EVENT_STREAM = b"text/event-stream; charset=utf-8"
 
 
@@ -53,6 +56,8 @@ class HttpApp:
     def __init__(self, core: CoreApi, config: ServeConfig) -> None:
         self.core = core
         self.max_body = config.max_request_bytes
+        # The header the shared-memory endpoints require (ServeConfig.restricted_api), or None.
+        self.restriction = config.shared_memory_restriction()
         self._tasks: set[asyncio.Future[None]] = set()
 
     def cancel(self, request: InferenceRequest) -> None:
@@ -106,6 +111,9 @@ class HttpApp:
             return
         if rest[0] == "repository":
             self._route_repository(conn, request, method, rest[1:])
+            return
+        if rest[0] in _SHARED_MEMORY_KINDS:
+            self._route_shared_memory(conn, request, method, _SHARED_MEMORY_KINDS[rest[0]], rest[1:])
             return
         conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
 
@@ -211,6 +219,51 @@ class HttpApp:
 
         task.add_done_callback(answered)
 
+    # shared memory ----------------------------------------------------------------------------------------------
+
+    def _route_shared_memory(
+        self, conn: HttpProtocol, request: HttpRequest, method: bytes, kind: str, rest: list[str]
+    ) -> None:
+        """Triton's shared-memory extension: ``GET .../status``, ``POST .../register``, ``POST .../unregister``, each
+        for every region or under ``region/{name}`` for one (register: one only)."""
+        name = ""
+        if len(rest) == 3 and rest[0] == "region":
+            name = unquote(rest[1])
+        elif len(rest) != 1:
+            conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
+            return
+        action = rest[-1]
+        wanted = {"status": b"GET", "register": b"POST", "unregister": b"POST"}.get(action)
+        if wanted is None or (action == "register" and not name):
+            conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
+            return
+        if method != wanted:
+            conn.respond_error(request, 405, f"use {wanted.decode()} for shared memory {action}")
+            return
+        if self.restriction is not None:
+            header = self.restriction[0]
+            value = request.headers.get(header.encode("latin-1"))
+            check_restricted(self.restriction, header, None if value is None else value.decode("latin-1"))
+        regions = self.core.shared_memory
+        if action == "status":
+            conn.respond(request, 200, orjson.dumps(regions.status(kind, name)))
+        elif action == "unregister":
+            regions.unregister(kind, name)
+            conn.respond(request, 200)
+        else:
+            body = self._json_body(request, "register request")
+            byte_size = _natural(body, "byte_size")
+            if kind == SYSTEM:
+                key = body.get("key")
+                if not isinstance(key, str):
+                    raise InvalidInputError(
+                        f"a system shared memory register request needs a string 'key', got {key!r}"
+                    )
+                regions.register_system(name, key, _natural(body, "offset", 0), byte_size)
+            else:
+                regions.register_cuda(name, _raw_handle(body), _natural(body, "device_id"), byte_size)
+            conn.respond(request, 200)
+
     def _json_body(self, request: HttpRequest, what: str = "request") -> dict[str, Any]:
         """The body as a JSON object (an empty body is ``{}``)."""
         try:
@@ -263,7 +316,7 @@ class HttpApp:
                 raise InvalidInputError(
                     f"Inference-Header-Content-Length must be an integer, got {raw_length!r}"
                 ) from None
-        call = decode_request(body, header_length, entry)
+        call = decode_request(body, header_length, entry, self.core.shared_memory)
         accept = headers.get(b"accept-encoding", b"").lower()
         compress = b"gzip" if b"gzip" in accept else b"deflate" if b"deflate" in accept else b""
 
@@ -349,8 +402,14 @@ class HttpApp:
         response: InferenceResponse,
         compress: bytes,
     ) -> None:
-        if response.error is not None:
-            conn.respond_error(request, response.error.http_status, str(response.error))
+        error = response.error
+        if error is None and call.shm_outputs is not None:
+            try:
+                write_outputs(call.shm_outputs, response.outputs)
+            except InferenceError as exc:
+                error = exc
+        if error is not None:
+            conn.respond_error(request, error.http_status, str(error))
             return
         header, parts = encode_response(entry, call, response.outputs, response.parameters or None)
         extra = b""
@@ -407,3 +466,25 @@ def _load_parameters(parameters: dict[str, Any]) -> tuple[str | None, dict[str, 
             except binascii.Error as exc:
                 raise InvalidInputError(f"load parameter '{key}' is not valid base64: {exc}") from None
     return config, files
+
+
+def _natural(body: dict[str, Any], key: str, default: int | None = None) -> int:
+    """A non-negative integer field of a register request."""
+    value = body.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInputError(
+            f"shared memory register request: '{key}' must be a non-negative integer, got {value!r}"
+        )
+    return value
+
+
+def _raw_handle(body: dict[str, Any]) -> bytes:
+    """The ``cudaIpcMemHandle_t`` of a CUDA register request: ``{"raw_handle": {"b64": ...}}``."""
+    raw = body.get("raw_handle")
+    encoded = raw.get("b64") if isinstance(raw, dict) else None
+    if not isinstance(encoded, str):
+        raise InvalidInputError("a CUDA shared memory register request needs 'raw_handle': {\"b64\": <base64>}")
+    try:
+        return base64.b64decode(encoded, validate=True)
+    except binascii.Error as exc:
+        raise InvalidInputError(f"'raw_handle' is not valid base64: {exc}") from None

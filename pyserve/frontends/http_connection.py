@@ -23,6 +23,7 @@ _REASONS = {
     100: "Continue",
     200: "OK",
     400: "Bad Request",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
     411: "Length Required",

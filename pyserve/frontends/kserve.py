@@ -1,8 +1,9 @@
 """KServe v2 / Triton HTTP infer codec: JSON tensors and the binary tensor data extension.
 
 Decoding turns a request body into validated ``InputTensor`` objects (fixed-size data as numpy views of the
-body, no copy; BYTES as their length-prefixed blob). Encoding turns ``OutputTensor`` objects into the response
-JSON header plus the binary parts that follow it.
+body, no copy; BYTES as their length-prefixed blob; tensors in clients' shared-memory regions as views of the
+region). Encoding turns ``OutputTensor`` objects into the response JSON header plus the binary parts that follow it
+(an output written into a region is only described).
 """
 
 from __future__ import annotations
@@ -13,15 +14,23 @@ from typing import Any
 import numpy as np
 import orjson
 
+from pyserve.core.api import SharedMemoryControls
 from pyserve.core.infer_call import InferCall, check_parameter_names, tensor_from_binary
-from pyserve.core.inference import InputTensor, ModelEntry, OutputTensor
+from pyserve.core.inference import InputTensor, ModelEntry, OutputTensor, SharedMemorySlice
 from pyserve.dtypes import DATATYPES, itemsize, numpy_dtype, serialize_bytes
-from pyserve.errors import InvalidInputError
+from pyserve.errors import InvalidInputError, UnsupportedError
 from pyserve.frontends.common import model_parameters
+from pyserve.frontends.shared_memory import input_from_region, slice_of, uses_shared_memory
 
 
-def decode_request(body: bytes | bytearray | memoryview, header_length: int | None, entry: ModelEntry) -> InferCall:
-    """Split and decode an infer request body for ``entry`` (raises InvalidInputError with the reason)."""
+def decode_request(
+    body: bytes | bytearray | memoryview,
+    header_length: int | None,
+    entry: ModelEntry,
+    regions: SharedMemoryControls | None = None,
+) -> InferCall:
+    """Split and decode an infer request body for ``entry`` (raises InvalidInputError with the reason); tensors in
+    clients' shared-memory regions are looked up in ``regions``."""
     view = memoryview(body)
     if header_length == 0:
         return _decode_raw(view, entry)
@@ -49,7 +58,7 @@ def decode_request(body: bytes | bytearray | memoryview, header_length: int | No
     inputs: dict[str, InputTensor] = {}
     offset = 0
     for raw in raw_inputs:
-        tensor, name, used = _decode_input(raw, binary, offset)
+        tensor, name, used = _decode_input(raw, binary, offset, regions)
         offset += used
         if name in inputs:
             raise InvalidInputError(f"input '{name}' appears more than once")
@@ -61,6 +70,7 @@ def decode_request(body: bytes | bytearray | memoryview, header_length: int | No
 
     requested: list[str] = []
     binary_outputs: dict[str, bool] = {}
+    shm_outputs: dict[str, SharedMemorySlice] | None = None
     raw_outputs = doc.get("outputs")
     if raw_outputs is not None:
         if not isinstance(raw_outputs, list):
@@ -75,8 +85,20 @@ def decode_request(body: bytes | bytearray | memoryview, header_length: int | No
             requested.append(name)
             # An output listed without binary_data comes back as JSON, whatever binary_data_output says.
             binary_outputs[name] = bool(out_params.get("binary_data", False))
+            if out_params and uses_shared_memory(out_params):
+                if shm_outputs is None:
+                    shm_outputs = {}
+                shm_outputs[name] = slice_of(_regions(regions), out_params, f"output '{name}'")
     entry.validate(inputs, requested)
-    return InferCall(request_id, inputs, model_parameters(parameters), requested, binary_outputs, binary_default)
+    return InferCall(
+        request_id, inputs, model_parameters(parameters), requested, binary_outputs, binary_default, shm_outputs
+    )
+
+
+def _regions(regions: SharedMemoryControls | None) -> SharedMemoryControls:
+    if regions is None:
+        raise UnsupportedError("shared memory regions cannot be used here")
+    return regions
 
 
 def _parameters(value: Any, where: str) -> dict[str, Any]:
@@ -87,7 +109,9 @@ def _parameters(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
-def _decode_input(raw: Any, binary: memoryview, offset: int) -> tuple[InputTensor, str, int]:
+def _decode_input(
+    raw: Any, binary: memoryview, offset: int, regions: SharedMemoryControls | None
+) -> tuple[InputTensor, str, int]:
     if not isinstance(raw, dict):
         raise InvalidInputError("each input must be a JSON object")
     name = raw.get("name")
@@ -103,6 +127,10 @@ def _decode_input(raw: Any, binary: memoryview, offset: int) -> tuple[InputTenso
         raise InvalidInputError(f"input '{name}': 'shape' must be a list of non-negative integers, got {shape!r}")
     count = math.prod(shape)
     params = _parameters(raw.get("parameters"), f"input '{name}'")
+    if params and uses_shared_memory(params):
+        if "data" in raw or "binary_data_size" in params:
+            raise InvalidInputError(f"input '{name}' has shared memory parameters and data too")
+        return input_from_region(_regions(regions), name, datatype, shape, params), name, 0
     size = params.get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -240,13 +268,18 @@ def encode_response(
     parts: list[Any] = []
     binary_outputs = call.binary_outputs
     default = call.binary_default
+    shm_outputs = call.shm_outputs
     for output in outputs:
         entry_doc: dict[str, Any] = {"name": output.name, "datatype": output.datatype, "shape": output.shape}
-        if binary_outputs.get(output.name, default):
-            entry_doc["parameters"] = {"binary_data_size": output.buffer.nbytes}
-            parts.append(output.buffer)
-        else:
-            entry_doc["data"] = _json_data(output)
+        if shm_outputs is None or output.name not in shm_outputs:
+            if binary_outputs.get(output.name, default):
+                entry_doc["parameters"] = {"binary_data_size": output.buffer.nbytes}
+                parts.append(output.buffer)
+            else:
+                entry_doc["data"] = _json_data(output)
+        # else: written into the client's region (shared_memory.write_outputs), described by name, datatype and shape
+        # only. No parameters: Triton's C++ client (perf_analyzer) reads an output's parameters as binary data and
+        # fails on an object without binary_data_size.
         described.append(entry_doc)
     doc: dict[str, Any] = {"model_name": entry.name, "model_version": str(entry.version)}
     if call.id:

@@ -2,7 +2,8 @@
 
 A buffer is placed either inline (``loc`` is the index of its frame after the header, sent zero-copy) or in a
 shared-memory slot of the sender's pool (``loc`` is ``[segment, nbytes]``); the header lists the slots it uses
-so the receiver can hand them back with a ``free`` message once it is done with them.
+so the receiver can hand them back with a ``free`` message once it is done with them. The core may also point an
+instance at a request's input in a client's own segment: ``[segment, nbytes, offset]``.
 
 Tensor descriptors are lists ``[name, datatype, shape, loc]``; BYTES tensors travel length-prefixed.
 """
@@ -16,7 +17,7 @@ import msgpack
 import numpy as np
 
 from pyserve.dtypes import deserialize_bytes, numpy_dtype, serialize_bytes
-from pyserve.transport.shm import ShmPool, ShmReader
+from pyserve.transport.shm import ShmPool, ShmReader, map_client_segment
 
 Loc = int | list[Any]
 
@@ -97,9 +98,15 @@ class FrameWriter:
 
 
 def read_buffer(loc: Loc, frames: list[Any], reader: ShmReader) -> memoryview:
-    """The bytes a location points at (a view: no copy)."""
+    """The bytes a location points at (a view: no copy).
+
+    A location of three, ``[segment, nbytes, offset]``, is in a client's segment (Triton's shared-memory extension):
+    mapped for this use only, copy-on-write (``map_client_segment``).
+    """
     if isinstance(loc, int):
         return memoryview(frames[loc])
+    if len(loc) == 3:
+        return map_client_segment(loc[0], loc[1], loc[2])
     name, nbytes = loc
     return reader.view(name, nbytes)
 

@@ -150,6 +150,19 @@ class ShmReader:
         self.forget("")
 
 
+def map_client_segment(name: str, nbytes: int, offset: int) -> memoryview:
+    """A view of ``nbytes`` at ``offset`` of a client's segment (Triton's shared-memory extension), mapped for this
+    view only: private and copy-on-write, so arrays over it are writable like any input while the client's bytes
+    never change. Never cached (the client may replace the segment once it unregisters it), never unlinked."""
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    fd = os.open(_path(name), os.O_RDONLY)
+    try:
+        buffer = mmap.mmap(fd, offset - start + nbytes, access=mmap.ACCESS_COPY, offset=start)
+    finally:
+        os.close(fd)
+    return memoryview(buffer)[offset - start :]
+
+
 def _discard(slot: Slot) -> None:
     # A numpy view may still reference the mapping (it is unmapped with the last view); the unlink frees the name.
     with contextlib.suppress(BufferError):

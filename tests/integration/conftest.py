@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -200,6 +201,7 @@ def bind_test_models(s: Serve) -> None:
     )
     # Models only one test uses, so their statistics and load are that test's own.
     s.bind("stats_identity", identity, inputs=[fp32("INPUT0")], outputs=[fp32("OUTPUT0")], config=batching)
+    s.bind("local_identity", identity, inputs=[fp32("INPUT0")], outputs=[fp32("OUTPUT0")], config=batching)
     s.bind(
         "pa_identity",
         identity,
@@ -382,6 +384,36 @@ def find_perf_analyzer(repo_root: Path) -> str | None:
         if probe.returncode == 0:
             return candidate
     return None
+
+
+def run_perf_analyzer(
+    perf_analyzer: str,
+    port: int,
+    model: str,
+    *options: str,
+    protocol: str = "http",
+    shape: str = "INPUT0:16",
+    concurrency: tuple[int, ...] = (1, 4),
+) -> str:
+    """Run perf_analyzer as a smoke test against ``127.0.0.1:port`` at each of ``concurrency`` (one value, or the
+    first and last of a range); assert that it ran clean and measured each one; return its output."""
+    first, last = concurrency[0], concurrency[-1]
+    command = [
+        perf_analyzer,
+        *("-m", model, "-u", f"127.0.0.1:{port}", "-i", protocol, "--shape", shape),
+        *("--concurrency-range", str(first) if first == last else f"{first}:{last}:{last - first}"),
+        *("--measurement-interval", "500", "--max-trials", "6"),
+        # A smoke test, not a benchmark: any three windows count as stable, so a busy machine cannot fail it.
+        *("--stability-percentage", "1000"),
+        *options,
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    assert not re.search(r"error|fail|unable", output, re.IGNORECASE), output
+    for each in concurrency:
+        assert f"Concurrency: {each}, throughput:" in output, output
+    return output
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,6 @@ perf_analyzer, over HTTP and gRPC."""
 from __future__ import annotations
 
 import concurrent.futures
-import re
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +16,8 @@ from tritonclient.utils import InferenceServerException
 
 from pyserve import DynamicBatcher, ModelConfig, Request, Serve, ServeConfig, Step, Tensor, batch
 from pyserve.errors import ConfigError, ModelAlreadyBoundError
+
+from .conftest import run_perf_analyzer
 
 pytestmark = pytest.mark.integration
 
@@ -404,31 +404,7 @@ def test_perf_analyzer_runs_against_the_ensemble_without_errors(
     perf_analyzer: str, server: Serve, protocol: str
 ) -> None:
     port = server.http_port if protocol == "http" else server.grpc_port
-    command = [
-        perf_analyzer,
-        "-m",
-        "diamond",
-        "-u",
-        f"127.0.0.1:{port}",
-        "-i",
-        protocol,
-        "--shape",
-        "IN:16",
-        "--concurrency-range",
-        "1:4:3",
-        "--measurement-interval",
-        "500",
-        "--max-trials",
-        "6",
-        "--stability-percentage",
-        "1000",  # a smoke test, not a benchmark: any three windows count as stable
-    ]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=90)
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, output
-    assert not re.search(r"error|fail|unable", output, re.IGNORECASE), output
-    for concurrency in (1, 4):
-        assert f"Concurrency: {concurrency}, throughput:" in output, output
+    output = run_perf_analyzer(perf_analyzer, port, "diamond", protocol=protocol, shape="IN:16")
     # perf_analyzer found the composing models through the config and read their statistics.
     assert "Composing models:" in output, output
     for model in ("add", "slow_double", "slow_plus_one"):

@@ -114,15 +114,7 @@ def test_what_this_server_does_not_do_is_refused_clearly(grpc_client: triton_grp
         grpc_client.unload_model("identity_fp32")
     assert status_of(info) == "StatusCode.UNIMPLEMENTED"
     assert grpc_client.is_model_ready("identity_fp32")
-    assert not grpc_client.get_system_shared_memory_status().regions
-    grpc_client.unregister_system_shared_memory()
-    with pytest.raises(InferenceServerException) as info:
-        grpc_client.register_system_shared_memory("region", "/key", 64)
-    assert status_of(info) == "StatusCode.UNIMPLEMENTED"
-    assert not grpc_client.get_cuda_shared_memory_status().regions
-    with pytest.raises(InferenceServerException) as info:
-        grpc_client.register_cuda_shared_memory("region", b"aGFuZGxl", 0, 64)
-    assert status_of(info) == "StatusCode.UNIMPLEMENTED"
+    # Shared-memory regions work: tests/integration/test_shared_memory.py.
     # Trace and log settings can be read here and changed too: tests/integration/test_tracing.py, test_logging.py.
     assert grpc_client.get_trace_settings().settings["trace_level"].value == ["OFF"]
     assert "log_verbose_level" in grpc_client.get_log_settings().settings

@@ -3,44 +3,19 @@
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
 import tritonclient.grpc as triton_grpc
 
 from pyserve import Serve
 
+from .conftest import run_perf_analyzer
+
 pytestmark = pytest.mark.integration
 
 
-def run_perf_analyzer(perf_analyzer: str, server: Serve, model: str, *options: str) -> str:
-    command = [
-        perf_analyzer,
-        "-m",
-        model,
-        "-u",
-        f"127.0.0.1:{server.grpc_port}",
-        "-i",
-        "grpc",
-        "--shape",
-        "INPUT0:16",
-        "--concurrency-range",
-        "4",
-        "--measurement-interval",
-        "500",
-        "--max-trials",
-        "6",
-        # A smoke test, not a benchmark: any three windows count as stable, so a busy machine cannot fail it.
-        "--stability-percentage",
-        "1000",
-        *options,
-    ]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=90)
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, output
-    assert not re.search(r"error|fail|unable", output, re.IGNORECASE), output
-    assert "Concurrency: 4, throughput:" in output, output
-    return output
+def run_grpc(perf_analyzer: str, server: Serve, model: str, *options: str) -> str:
+    return run_perf_analyzer(perf_analyzer, server.grpc_port, model, *options, protocol="grpc", concurrency=(4,))
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -49,7 +24,7 @@ def test_perf_analyzer_grpc(
 ) -> None:
     before = grpc_client.get_inference_statistics("pa_identity").model_stats[0].inference_stats
     options = ["--async"] if mode == "async" else ["--sync"]
-    output = run_perf_analyzer(perf_analyzer, server, "pa_identity", *options)
+    output = run_grpc(perf_analyzer, server, "pa_identity", *options)
     server_counts = [int(n) for n in re.findall(r"Successful request count: (\d+)", output)]
     assert server_counts and all(n > 0 for n in server_counts), output
     after = grpc_client.get_inference_statistics("pa_identity").model_stats[0].inference_stats
@@ -61,6 +36,6 @@ def test_perf_analyzer_grpc_streaming_a_decoupled_model(
     perf_analyzer: str, server: Serve, grpc_client: triton_grpc.InferenceServerClient
 ) -> None:
     before = grpc_client.get_inference_statistics("decoupled").model_stats[0].inference_stats.fail.count
-    run_perf_analyzer(perf_analyzer, server, "decoupled", "--streaming")
+    run_grpc(perf_analyzer, server, "decoupled", "--streaming")
     after = grpc_client.get_inference_statistics("decoupled").model_stats[0].inference_stats.fail.count
     assert after == before

@@ -39,14 +39,14 @@ def test_large_inputs_and_outputs_travel_through_shared_memory(server: Serve) ->
 
 def test_calls_from_many_threads_are_batched_together(server: Serve) -> None:
     before = server.infer  # the same server object serves every thread
-    stats_before = _counts(server, "stats_identity")
+    stats_before = _counts(server, "local_identity")
     results: list[np.ndarray] = []
     errors: list[BaseException] = []
 
     def call(value: float) -> None:
         try:
             for _ in range(20):
-                results.append(before("stats_identity", {"INPUT0": np.full((1, 4), value, np.float32)})["OUTPUT0"])
+                results.append(before("local_identity", {"INPUT0": np.full((1, 4), value, np.float32)})["OUTPUT0"])
         except BaseException as exc:
             errors.append(exc)
 
@@ -57,7 +57,7 @@ def test_calls_from_many_threads_are_batched_together(server: Serve) -> None:
         thread.join(60)
     assert not errors, errors[:2]
     assert len(results) == 160
-    inferences, executions = (a - b for a, b in zip(_counts(server, "stats_identity"), stats_before, strict=True))
+    inferences, executions = (a - b for a, b in zip(_counts(server, "local_identity"), stats_before, strict=True))
     assert inferences == 160  # counted in the model's statistics like any request
     assert executions < inferences, "concurrent calls should share batches"
 

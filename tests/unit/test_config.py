@@ -348,3 +348,13 @@ def test_batcher_settings_on_a_model_without_batch_dimension_are_refused() -> No
     # The defaults, or no batcher at all, are fine.
     assert not ModelConfig().dynamic_batching
     assert not ModelConfig(max_batch_size=0, batcher=None).dynamic_batching
+
+
+def test_restricted_api_is_tritonservers_format() -> None:
+    assert ServeConfig().shared_memory_restriction() is None
+    restricted = ServeConfig(restricted_api="shared-memory:Admin-Key=s3cret=x")
+    assert restricted.shared_memory_restriction() == ("admin-key", "s3cret=x")
+    with pytest.raises(ConfigError, match="'<apis>:<key>=<value>'"):
+        ServeConfig(restricted_api="shared-memory")
+    with pytest.raises(ConfigError, match="only 'shared-memory' can be restricted, got model-repository"):
+        ServeConfig(restricted_api="shared-memory,model-repository:k=v")

@@ -18,6 +18,7 @@ from pyserve.core.api import CoreApi
 from pyserve.core.inference import InferenceRequest, InferenceResponse, Instance, ModelEntry, OutputTensor
 from pyserve.core.logs import log_settings
 from pyserve.core.registry import Registry
+from pyserve.core.shm_regions import SharedMemoryRegistry
 from pyserve.core.tracing import Tracing
 from pyserve.errors import UnsupportedError
 from pyserve.frontends.http import HttpApp
@@ -75,6 +76,7 @@ class FakeCore:
             logs=log_settings(),
             metrics_page=lambda: b"",
             repository=FakeRepository(self.models),
+            shared_memory=SharedMemoryRegistry(),
         )
         self.app = HttpApp(self.api, config)
 
