@@ -4,6 +4,7 @@ Run from the repository root::
 
     .venv/bin/python benchmarks/bench_client.py [--requests 2000] [--rounds 3] [--shape 16] [--libraries]
         [--pytriton] [--json results.json]
+    .venv/bin/python benchmarks/bench_client.py --large [--large-mib 64] [--large-repeat 15] [--json results.json]
 
 It starts the pyserve benchmark server (``pyserve_server.py``: the identity model ``identity_fp32``, FP32 ``INPUT0``
 of shape ``(-1,)`` echoed as ``OUTPUT0``, ``max_batch_size=64``) and times ``--requests`` sequential calls of one
@@ -16,6 +17,12 @@ grpc.aio): what a client adds to its wire layer. HTTP is timed before any gRPC c
 threads take CPU from the rest of the process). With ``--pytriton`` the same clients then call a
 PyTriton server (``pytriton_server.py``, from ``benchmarks/.pytriton-venv``): pyserve's clients working against it
 is part of what this checks.
+
+``--large`` measures large requests instead: ``--large-mib`` (64) MiB of FP32 per request, sent by ``ModelClient``
+over HTTP and gRPC with ``shared_memory=False`` and ``True``, one request at a time, median milliseconds of
+``--large-repeat`` calls after one untimed call. Two identity models served by pyserve in this process: one whose
+output dimension is fixed (input and output both go into the client's region) and one whose dimension is variable
+(only the input can: the client cannot size the output, which comes back over the connection).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import http.client
+import statistics
 import sys
 import tempfile
 import time
@@ -52,6 +60,7 @@ from _common import (
     write_report,
 )
 
+from pyserve import ModelConfig, Request, Serve, ServeConfig, Tensor
 from pyserve.client import AsyncioModelClient, ModelClient
 
 try:
@@ -79,6 +88,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--libraries", action="store_true", help="also time bare HTTP/gRPC libraries sending the same request"
     )
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--large", action="store_true", help="time large requests with and without shared memory")
+    parser.add_argument("--large-mib", type=float, default=64.0, help="MiB per large request (default 64)")
+    parser.add_argument("--large-repeat", type=int, default=15, help="timed large requests per cell (default 15)")
     return parser.parse_args(argv)
 
 
@@ -333,10 +345,69 @@ def table(rows: list[dict[str, Any]]) -> str:
     return format_table(header, cells)
 
 
+def identity(requests: list[Request]) -> list[dict[str, np.ndarray]]:
+    """Each request's INPUT0 as its OUTPUT0."""
+    return [{"OUTPUT0": request["INPUT0"]} for request in requests]
+
+
+# The models of --large: name -> (what the client can place in a region, the dimension of INPUT0 and OUTPUT0).
+LARGE_MODELS = {
+    "identity_fixed": ("input and output in a region", "fixed"),
+    "identity_variable": ("input in a region, output sent", "variable"),
+}
+
+
+def measure_large(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Median ms per large request, per model, protocol and shared_memory setting (pyserve served in-process)."""
+    count = int(args.large_mib * (1 << 20)) // 4
+    data = np.random.default_rng(0).standard_normal(count).astype(np.float32)
+    server = Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0))
+    for model, (_, dimension) in LARGE_MODELS.items():
+        dims = (count,) if dimension == "fixed" else (-1,)
+        server.bind(
+            model,
+            identity,
+            inputs=[Tensor("INPUT0", np.float32, dims)],
+            outputs=[Tensor("OUTPUT0", np.float32, dims)],
+            config=ModelConfig(max_batch_size=1),
+        )
+    rows = []
+    with server:
+        for model, (placed, _) in LARGE_MODELS.items():
+            row: dict[str, Any] = {"model": f"{model} ({placed} with shm)"}
+            for protocol, url in (("http", server.url), ("grpc", f"grpc://{server.grpc_address}")):
+                for shared in (False, True):
+                    with ModelClient(url, model, shared_memory=shared, inference_timeout_s=300) as client:
+                        np.testing.assert_array_equal(client.infer_sample(data)["OUTPUT0"], data)
+                        times = []
+                        for _ in range(args.large_repeat):
+                            started = time.perf_counter()
+                            client.infer_sample(data)
+                            times.append(time.perf_counter() - started)
+                    row[f"{protocol}_{'shm' if shared else 'plain'}_ms"] = 1e3 * statistics.median(times)
+            rows.append(row)
+    return rows
+
+
+def large_table(rows: list[dict[str, Any]]) -> str:
+    """The large-request results as text."""
+    header = ["model", "HTTP ms", "HTTP shm ms", "gRPC ms", "gRPC shm ms"]
+    keys = ("http_plain_ms", "http_shm_ms", "grpc_plain_ms", "grpc_shm_ms")
+    return format_table(header, [[row["model"], *(f"{row[key]:.1f}" for key in keys)] for row in rows])
+
+
 @bench_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; 0 on success."""
     args = parse_args(argv)
+    if args.large:
+        rows = measure_large(args)
+        print()
+        print(f"ModelClient, {args.large_mib:g} MiB of FP32 per request, median of {args.large_repeat} calls")
+        print(large_table(rows))
+        if args.json is not None:
+            write_report(args.json, {"large_mib": args.large_mib, "repeat": args.large_repeat, "results": rows})
+        return 0
     pytriton_python = ensure_pytriton_venv() if args.pytriton else None
     results: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-client-") as tmp:

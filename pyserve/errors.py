@@ -19,10 +19,16 @@ PyServeError
 │   │   └── OutputMismatchError  500 / INTERNAL: a model returned a missing or (strict) wrong output
 │   ├── WorkerDiedError          500 / INTERNAL: the instance running the request died
 │   └── DeadlockError            500 / INTERNAL: a BLS call could never run (it waits on its own caller)
-└── ClientError              raised by pyserve's own clients
+└── ClientError              raised by pyserve's own clients (pyserve.client), never by the server
+    ├── ServerUnreachableError   no connection to the server (refused, reset, unknown host); names the address
+    ├── ClientClosedError        a call on a client after close()
+    └── ClientTimeoutError       a client-side wait ran out (connect, init, infer, a streamed response); also a
+                                 RequestTimeoutError, so one except clause takes the client's and the server's
 """
 
 from __future__ import annotations
+
+import os
 
 
 class PyServeError(Exception):
@@ -145,7 +151,29 @@ class DeadlockError(InferenceError):
 
 
 class ClientError(PyServeError):
-    """An error raised by pyserve's clients (connection, protocol or server error)."""
+    """An error of pyserve's clients themselves (no connection, a closed client, a client-side timeout, an answer
+    the client cannot read); errors the server answered with are the InferenceError classes above."""
+
+
+class ServerUnreachableError(ClientError, ConnectionError):
+    """The client could not reach the server at ``address`` (connection refused or reset, unknown host)."""
+
+    def __init__(self, address: str, reason: str | OSError) -> None:
+        if isinstance(reason, OSError):
+            # "Connection refused", not asyncio's "[Errno 111] Connect call failed ('127.0.0.1', 8000)".
+            reason = os.strerror(reason.errno) if reason.errno else str(reason)
+        super().__init__(f"cannot reach the server at {address}: {reason}")
+        self.address = address
+
+
+class ClientClosedError(ClientError):
+    """The client was used after close()."""
+
+
+class ClientTimeoutError(RequestTimeoutError, ClientError):
+    """A client-side timeout ran out (connect, init, infer, or the wait for a streamed response); the message
+    names which and its value. Also a RequestTimeoutError (and a TimeoutError): ``except RequestTimeoutError``
+    takes a request that timed out on either side, ``except ClientTimeoutError`` only the client's."""
 
 
 _BY_NAME: dict[str, type[InferenceError]] = {

@@ -40,8 +40,12 @@ class _AsyncioClient(ClientBase):
         await self.close()
 
     async def close(self) -> None:
-        """Close the client's connections; it cannot be used afterwards."""
-        await self._transport.close()
+        """Unregister and remove the client's shared-memory regions, if any, and close its connections; it cannot
+        be used afterwards."""
+        try:
+            await drive_async(self._close_regions_flow(), self._transport)
+        finally:
+            await self._transport.close()
 
     async def wait_for_server(self, timeout_s: float) -> None:
         """Wait until the server answers ready; ClientTimeoutError (naming the last answer) after ``timeout_s``."""
@@ -72,7 +76,8 @@ class _AsyncioClient(ClientBase):
 class AsyncioModelClient(_AsyncioClient):
     """An asyncio client of one model over HTTP (aiohttp) or gRPC (grpc.aio): ``ModelClient`` with ``async``
     methods, and an async context manager (``async with``) that reads the configuration when ``lazy_init=False``.
-    Many calls may run at once (``asyncio.gather``), on up to ``max_connections`` HTTP connections."""
+    Many calls may run at once (``asyncio.gather``), on up to ``max_connections`` HTTP connections. ``headers`` and
+    ``shared_memory`` as for ``ModelClient``."""
 
     async def infer_sample(
         self,
@@ -101,8 +106,10 @@ class AsyncioDecoupledModelClient(_AsyncioClient):
     """An asyncio client of a decoupled (streaming) model: ``async for response in client.infer_sample(x)``.
 
     Each response must come within ``inference_timeout_s``. Leaving the loop early (closing the iterator) or
-    cancelling the task that reads it cancels the request on the server.
+    cancelling the task that reads it cancels the request on the server. It takes no ``shared_memory``.
     """
+
+    TAKES_SHARED_MEMORY = False
 
     async def infer_sample(
         self,

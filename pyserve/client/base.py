@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Generator, Mapping
 from typing import Any, Generic
 
 from pyserve.client.calls import AsyncTransport, Call, Codec, Outputs, StreamCall, T, Transport
-from pyserve.client.errors import ClientTimeoutError, ServerUnreachableError
 from pyserve.client.grpc_codec import GrpcCodec
 from pyserve.client.http_codec import HttpCodec
 from pyserve.client.model import (
@@ -23,16 +23,30 @@ from pyserve.client.model import (
     DEFAULT_INFERENCE_TIMEOUT_S,
     DEFAULT_INIT_TIMEOUT_S,
     Headers,
+    InferRequest,
     Parameters,
     RemoteModelConfig,
     build_request,
     parse_url,
     sample_outputs,
 )
-from pyserve.errors import ModelNotReadyError, PyServeError, UnsupportedError
+from pyserve.client.shared_memory import RegionPlan, RegionPool, SharedMemoryOption, check_option, plan_request
+from pyserve.errors import (
+    ClientError,
+    ClientTimeoutError,
+    ConfigError,
+    InferenceError,
+    ModelNotReadyError,
+    PyServeError,
+    ServerUnreachableError,
+    UnsupportedError,
+)
 
 # How often readiness is asked while waiting for it.
 POLL_INTERVAL_S = 0.1
+# The longest close() waits for the server to unregister each shared-memory region.
+CLOSE_TIMEOUT_S = 5.0
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +110,7 @@ class ClientBase:
     its operations. A subclass makes its transport in ``_connect``."""
 
     DEFAULT_MAX_CONNECTIONS = 8
+    TAKES_SHARED_MEMORY = True
 
     def __init__(
         self,
@@ -108,6 +123,8 @@ class ClientBase:
         inference_timeout_s: float | None = None,
         connect_timeout_s: float | None = None,
         max_connections: int | None = None,
+        headers: Headers | None = None,
+        shared_memory: SharedMemoryOption = False,
     ) -> None:
         self._address = parse_url(url)
         self._model_name = model_name
@@ -122,8 +139,12 @@ class ClientBase:
             if connect_timeout_s is None
             else float(connect_timeout_s)
         )
-        self._codec: Codec = HttpCodec() if self._address.scheme == "http" else GrpcCodec()
+        self._codec: Codec = HttpCodec(headers) if self._address.scheme == "http" else GrpcCodec(headers)
         self._config: RemoteModelConfig | None = None
+        option = check_option(shared_memory)
+        if option and not self.TAKES_SHARED_MEMORY:
+            raise ConfigError(f"{type(self).__name__} streams its responses: it takes no shared_memory")
+        self._regions = RegionPool(option, self._address) if option else None
         self._connect(self.DEFAULT_MAX_CONNECTIONS if max_connections is None else max_connections)
 
     def _connect(self, max_connections: int) -> None:
@@ -205,6 +226,7 @@ class ClientBase:
         headers: Headers | None,
         sample: bool,
     ) -> Flow[Outputs]:
+        use_regions = self._regions is not None and self._regions.use()  # before any call: True may refuse the server
         config = yield from self._config_flow()
         if config.decoupled:
             raise UnsupportedError(
@@ -212,8 +234,68 @@ class ClientBase:
                 "or AsyncioDecoupledModelClient"
             )
         request = build_request(config, self._model_version, inputs, named, parameters, headers, sample)
-        outputs: Outputs = yield Run(self._codec.infer(request), self._inference_timeout_s)
+        plan = plan_request(config, request) if use_regions else None
+        if plan is None:
+            outputs: Outputs = yield Run(self._codec.infer(request), self._inference_timeout_s)
+        else:
+            outputs = yield from self._infer_in_region_flow(request, plan)
         return sample_outputs(config, outputs) if sample else outputs
+
+    def _infer_in_region_flow(self, request: InferRequest, plan: RegionPlan) -> Flow[Outputs]:
+        """Infer with the planned tensors in a region leased for the call (registered first when new); without one
+        where the server refused it (``"auto"``)."""
+        assert self._regions is not None
+        yield from self._unregister_flow(self._regions.take_retired(), self._inference_timeout_s)
+        region, new = self._regions.lease(plan.byte_size)
+        if new:
+            registration = self._codec.register_region(region.name, region.key, region.byte_size)
+            try:
+                yield Run(registration, self._inference_timeout_s)
+            except InferenceError as exc:
+                if isinstance(exc, ClientTimeoutError):
+                    self._regions.retire(region)  # it may have been registered: unregister it later
+                    raise
+                self._regions.refused(region)
+                if self._regions.option is True:
+                    raise
+                logger.warning(
+                    "%s refused a shared-memory region (%s): tensors travel over the connection from now on",
+                    self._address,
+                    exc,
+                )
+                plain: Outputs = yield Run(self._codec.infer(request), self._inference_timeout_s)
+                return plain
+            except BaseException:
+                self._regions.retire(region)
+                raise
+        reusable = False
+        try:
+            placed = dataclasses.replace(request, regions=plan.lay_out(region, request))
+            outputs: Outputs = yield Run(self._codec.infer(placed), self._inference_timeout_s)
+            reusable = True
+            return outputs
+        except InferenceError as exc:
+            # The server answered (it is done with the region), unless the client stopped waiting.
+            reusable = not isinstance(exc, ClientTimeoutError)
+            raise
+        finally:
+            self._regions.give_back(region, reusable)
+
+    def _unregister_flow(self, names: list[str], timeout_s: float) -> Flow[None]:
+        """Unregister regions the client no longer has; a server that cannot be reached is left alone."""
+        for name in names:
+            try:
+                yield Run(self._codec.unregister_region(name), timeout_s)
+            except ClientError as exc:  # unreachable (its mappings went with it), closed, timed out: stop trying
+                logger.debug("unregistering shared-memory regions: %s", exc)
+                return
+            except InferenceError as exc:
+                logger.debug("unregistering shared-memory region '%s': %s", name, exc)
+
+    def _close_regions_flow(self) -> Flow[None]:
+        """Unlink the client's regions and unregister them from the server."""
+        if self._regions is not None:
+            yield from self._unregister_flow(self._regions.close(), min(self._inference_timeout_s, CLOSE_TIMEOUT_S))
 
     def _stream_flow(
         self,

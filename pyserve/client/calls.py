@@ -109,6 +109,12 @@ class Codec(Protocol):
     def unload_model(self, name: str) -> Call[None]:
         """Unload a model of the server's repository."""
 
+    def register_region(self, name: str, key: str, byte_size: int) -> Call[None]:
+        """Register the whole system shared-memory object ``key`` as region ``name``."""
+
+    def unregister_region(self, name: str) -> Call[None]:
+        """Unregister region ``name`` (an unknown name is no error)."""
+
 
 class Transport(Protocol):
     """Carries calls, blocking."""

@@ -1,9 +1,5 @@
-"""What pyserve's clients raise: their own errors, and the server's answers turned back into pyserve's errors.
-
-ClientError (pyserve.errors)
-├── ServerUnreachableError   no connection to the server (refused, reset, unknown host); names the address
-├── ClientClosedError        a call on a client after close()
-└── ClientTimeoutError       also a RequestTimeoutError: a connect, init, infer or stream wait ran out
+"""The server's answers turned back into pyserve's errors (the client's own errors, ``ClientError`` and its
+subclasses, are in ``pyserve.errors`` with the rest of the tree).
 
 A server answers an error with an HTTP status or a gRPC code and a message, nothing more. ``server_error`` rebuilds
 the ``pyserve.errors`` class the server raised from the status (each class's ``http_status``/``grpc_code``), and
@@ -13,7 +9,6 @@ pyserve's and Triton's messages use. The message is the server's, unchanged.
 
 from __future__ import annotations
 
-import os
 import re
 
 from pyserve.errors import (
@@ -29,39 +24,19 @@ from pyserve.errors import (
     WorkerDiedError,
 )
 
-
-class ServerUnreachableError(ClientError, ConnectionError):
-    """The client could not reach the server at ``address`` (connection refused or reset, unknown host)."""
-
-    def __init__(self, address: str, reason: str | OSError) -> None:
-        if isinstance(reason, OSError):
-            # "Connection refused", not asyncio's "[Errno 111] Connect call failed ('127.0.0.1', 8000)".
-            reason = os.strerror(reason.errno) if reason.errno else str(reason)
-        super().__init__(f"cannot reach the server at {address}: {reason}")
-        self.address = address
-
-
-class ClientClosedError(ClientError):
-    """The client was used after close()."""
-
-
-class ClientTimeoutError(RequestTimeoutError, ClientError):
-    """A client-side timeout ran out (connect, init, infer, or the wait for a streamed response); the message
-    names which and its value."""
-
-
 # Where several of pyserve's errors share a status, the one it stands for unless a message hint picks another.
 _PREFERRED: tuple[type[InferenceError], ...] = (InvalidInputError, ModelNotReadyError, ModelExecutionError)
 
 
 def _status_table(attribute: str) -> dict[object, type[InferenceError]]:
-    """Status -> error class, over every InferenceError that pyserve.errors defines (new ones join by themselves)."""
+    """Status -> error class, over every server-side InferenceError of pyserve.errors (new ones join by themselves)."""
     by_status: dict[object, list[type[InferenceError]]] = {}
     pending = list(InferenceError.__subclasses__())
     while pending:
         cls = pending.pop()
         pending += cls.__subclasses__()
-        if cls.__module__ == InferenceError.__module__:
+        # ClientTimeoutError is also a RequestTimeoutError, but no server answers with it.
+        if cls.__module__ == InferenceError.__module__ and not issubclass(cls, ClientError):
             by_status.setdefault(getattr(cls, attribute), []).append(cls)
     table: dict[object, type[InferenceError]] = {}
     for status, classes in by_status.items():

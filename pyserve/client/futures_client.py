@@ -8,10 +8,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from pyserve.client.calls import Outputs
-from pyserve.client.errors import ClientClosedError
 from pyserve.client.model import Headers, Parameters, RemoteModelConfig
 from pyserve.client.model_client import ModelClient
-from pyserve.errors import ConfigError, QueueFullError
+from pyserve.client.shared_memory import SharedMemoryOption
+from pyserve.errors import ClientClosedError, ConfigError, QueueFullError
 
 R = TypeVar("R")
 DEFAULT_MAX_WORKERS = 128
@@ -23,7 +23,8 @@ class FuturesModelClient:
 
     At most ``max_queue_size`` calls wait for a free thread: a further call blocks until one is taken, or, with
     ``non_blocking=True``, raises QueueFullError. The threads share one ``ModelClient`` (one connection per thread
-    over HTTP, one channel over gRPC); ``close()`` waits for the calls already made, unless ``wait=False``.
+    over HTTP, one channel over gRPC, and its shared-memory regions); ``close()`` waits for the calls already made,
+    unless ``wait=False``. ``headers`` and ``shared_memory`` as for ``ModelClient``.
     """
 
     def __init__(
@@ -38,6 +39,8 @@ class FuturesModelClient:
         init_timeout_s: float | None = None,
         inference_timeout_s: float | None = None,
         connect_timeout_s: float | None = None,
+        headers: Headers | None = None,
+        shared_memory: SharedMemoryOption = False,
     ) -> None:
         if max_workers < 1 or max_queue_size < 0:
             raise ConfigError(
@@ -52,6 +55,8 @@ class FuturesModelClient:
             inference_timeout_s=inference_timeout_s,
             connect_timeout_s=connect_timeout_s,
             max_connections=max_workers,
+            headers=headers,
+            shared_memory=shared_memory,
         )
         self._max_workers = max_workers
         self._max_queue_size = max_queue_size

@@ -15,18 +15,21 @@ from typing import Any
 from google.protobuf import json_format
 
 from pyserve.client.calls import GrpcCall, GrpcStreamCall, Outputs, T, timeout_message
-from pyserve.client.errors import ClientTimeoutError, ServerUnreachableError, server_error
+from pyserve.client.errors import server_error
 from pyserve.client.model import (
+    Headers,
     InferRequest,
     RemoteModelConfig,
     ServerAddress,
+    TensorsInRegion,
     array_from_bytes,
     tensor_bytes,
     wire_datatype,
 )
-from pyserve.errors import ClientError, InferenceError, PyServeError
+from pyserve.errors import ClientError, ClientTimeoutError, InferenceError, PyServeError, ServerUnreachableError
 from pyserve.frontends.grpc_codec import encode_varint, set_parameter
 from pyserve.frontends.protocol import grpc_service_pb2 as pb
+from pyserve.frontends.shared_memory import REGION
 
 SERVICE = "/inference.GRPCInferenceService/"
 _RAW_INPUT_TAG = b"\x3a"  # ModelInferRequest.raw_input_contents: field 7, length-delimited
@@ -57,7 +60,10 @@ def _not_ready(error: InferenceError) -> bool:
 
 
 class GrpcCodec:
-    """The calls of the gRPC protocol (implements ``calls.Codec``)."""
+    """The calls of the gRPC protocol (implements ``calls.Codec``); ``headers`` go with every call as metadata."""
+
+    def __init__(self, headers: Headers | None = None) -> None:
+        self._metadata = _metadata(headers)
 
     def server_ready(self) -> GrpcCall[bool]:
         """``ServerReady``."""
@@ -68,6 +74,7 @@ class GrpcCodec:
             SERVICE + "ServerReady",
             pb.ServerReadyRequest().SerializeToString(),
             lambda data: bool(pb.ServerReadyResponse.FromString(data).ready),
+            self._metadata,
         )
 
     def model_ready(self, name: str, version: str | None) -> GrpcCall[bool]:
@@ -79,6 +86,7 @@ class GrpcCodec:
             SERVICE + "ModelReady",
             pb.ModelReadyRequest(name=name, version=version or "").SerializeToString(),
             lambda data: bool(pb.ModelReadyResponse.FromString(data).ready),
+            self._metadata,
             on_error=_not_ready,
         )
 
@@ -91,18 +99,24 @@ class GrpcCodec:
             return RemoteModelConfig.from_json(doc, name, version)
 
         request = pb.ModelConfigRequest(name=name, version=version or "").SerializeToString()
-        return GrpcCall(f"configuration of model '{name}'", True, False, SERVICE + "ModelConfig", request, parse)
+        what = f"configuration of model '{name}'"
+        return GrpcCall(what, True, False, SERVICE + "ModelConfig", request, parse, self._metadata)
 
     def infer(self, request: InferRequest) -> GrpcCall[Outputs]:
-        """``ModelInfer`` with raw input contents."""
+        """``ModelInfer`` with raw input contents (or their places in a region)."""
+        regions = request.regions
+
+        def parse(data: bytes) -> Outputs:
+            return _outputs(pb.ModelInferResponse.FromString(data), regions)
+
         return GrpcCall(
             f"infer on model '{request.model_name}'",
             False,
             False,
             SERVICE + "ModelInfer",
             _infer_request_bytes(request),
-            _parse_infer,
-            _metadata(request.headers),
+            parse,
+            self._call_metadata(request.headers),
         )
 
     def stream(self, request: InferRequest, config: RemoteModelConfig) -> GrpcStreamCall[Outputs]:
@@ -112,7 +126,7 @@ class GrpcCodec:
             SERVICE + "ModelStreamInfer",
             _infer_request_bytes(request, {_EMPTY_FINAL: True}),
             _parse_stream_message,
-            _metadata(request.headers),
+            self._call_metadata(request.headers),
         )
 
     def load_model(self, name: str, config: str | None, files: Mapping[str, bytes] | None) -> GrpcCall[None]:
@@ -129,12 +143,34 @@ class GrpcCodec:
             SERVICE + "RepositoryModelLoad",
             message.SerializeToString(),
             _ignore,
+            self._metadata,
         )
 
     def unload_model(self, name: str) -> GrpcCall[None]:
         """``RepositoryModelUnload``."""
         request = pb.RepositoryModelUnloadRequest(model_name=name).SerializeToString()
-        return GrpcCall(f"unload of model '{name}'", False, True, SERVICE + "RepositoryModelUnload", request, _ignore)
+        what = f"unload of model '{name}'"
+        return GrpcCall(what, False, True, SERVICE + "RepositoryModelUnload", request, _ignore, self._metadata)
+
+    def register_region(self, name: str, key: str, byte_size: int) -> GrpcCall[None]:
+        """``SystemSharedMemoryRegister`` of a whole object."""
+        request = pb.SystemSharedMemoryRegisterRequest(name=name, key=key, offset=0, byte_size=byte_size)
+        what = f"registration of shared-memory region '{name}'"
+        method = SERVICE + "SystemSharedMemoryRegister"
+        return GrpcCall(what, False, False, method, request.SerializeToString(), _ignore, self._metadata)
+
+    def unregister_region(self, name: str) -> GrpcCall[None]:
+        """``SystemSharedMemoryUnregister`` of one region."""
+        request = pb.SystemSharedMemoryUnregisterRequest(name=name).SerializeToString()
+        what = f"unregistration of shared-memory region '{name}'"
+        method = SERVICE + "SystemSharedMemoryUnregister"
+        return GrpcCall(what, True, False, method, request, _ignore, self._metadata)
+
+    def _call_metadata(self, headers: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
+        """The client's metadata, and a call's own headers over it."""
+        if not headers:
+            return self._metadata
+        return tuple({**dict(self._metadata), **dict(_metadata(headers))}.items())
 
 
 def _ignore(data: bytes) -> None:
@@ -148,11 +184,21 @@ def _metadata(headers: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
 
 def _infer_request_bytes(request: InferRequest, extra: Mapping[str, Any] | None = None) -> bytes:
     message = pb.ModelInferRequest(model_name=request.model_name, model_version=request.model_version or "")
+    regions = request.regions
     raw: list[bytes | memoryview] = []
     for name, array in request.inputs.items():
         datatype = wire_datatype(name, array)
-        message.inputs.add(name=name, datatype=datatype, shape=array.shape)
-        raw.append(tensor_bytes(datatype, array))
+        tensor = message.inputs.add(name=name, datatype=datatype, shape=array.shape)
+        placement = None if regions is None else regions.inputs.get(name)
+        if placement is not None:
+            _set_parameters(tensor.parameters, placement.parameters())
+        else:
+            raw.append(tensor_bytes(datatype, array))
+    if regions is not None and regions.outputs:
+        for name in regions.requested:
+            output = message.outputs.add(name=name)
+            if (placement := regions.outputs.get(name)) is not None:
+                _set_parameters(output.parameters, placement.parameters())
     for key, value in {**(request.parameters or {}), **(extra or {})}.items():
         if key == "priority" and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             message.parameters[key].uint64_param = value  # as tritonclient sends it
@@ -164,20 +210,25 @@ def _infer_request_bytes(request: InferRequest, extra: Mapping[str, Any] | None 
     return b"".join(parts)
 
 
-def _outputs(response: pb.ModelInferResponse) -> Outputs:
+def _set_parameters(parameters: Any, values: Mapping[str, str | int]) -> None:
+    for key, value in values.items():
+        set_parameter(parameters[key], value)
+
+
+def _outputs(response: pb.ModelInferResponse, regions: TensorsInRegion | None = None) -> Outputs:
     raw = response.raw_output_contents
     if len(raw) != len(response.outputs):
         raise ClientError(
             f"the server sent {len(response.outputs)} output(s) with {len(raw)} raw contents; expected one each"
         )
-    return {
-        output.name: array_from_bytes(output.datatype, list(output.shape), raw[index])
-        for index, output in enumerate(response.outputs)
-    }
-
-
-def _parse_infer(data: bytes) -> Outputs:
-    return _outputs(pb.ModelInferResponse.FromString(data))
+    outputs: Outputs = {}
+    for index, output in enumerate(response.outputs):
+        shape = list(output.shape)
+        if regions is not None and REGION in output.parameters:
+            outputs[output.name] = regions.read_output(output.name, output.datatype, shape)
+        else:
+            outputs[output.name] = array_from_bytes(output.datatype, shape, raw[index])
+    return outputs
 
 
 def _parse_stream_message(data: bytes) -> tuple[Outputs | None, bool]:

@@ -21,8 +21,10 @@ import orjson
 from pyserve.client.calls import HttpCall, HttpStreamCall, Outputs
 from pyserve.client.errors import server_error
 from pyserve.client.model import (
+    Headers,
     InferRequest,
     RemoteModelConfig,
+    TensorsInRegion,
     array_from_bytes,
     array_from_json,
     fill_shape,
@@ -57,15 +59,20 @@ def error_of(status: int, body: bytes, repository: bool = False) -> InferenceErr
 
 
 class HttpCodec:
-    """The calls of the HTTP protocol (implements ``calls.Codec``)."""
+    """The calls of the HTTP protocol (implements ``calls.Codec``); ``headers`` go with every call."""
+
+    def __init__(self, headers: Headers | None = None) -> None:
+        self._headers = dict(headers or {})
+        self._json_headers = {**_JSON_HEADERS, **self._headers}
 
     def server_ready(self) -> HttpCall[bool]:
         """``GET /v2/health/ready``."""
-        return HttpCall("server readiness", True, False, "GET", "/v2/health/ready", _ok)
+        return HttpCall("server readiness", True, False, "GET", "/v2/health/ready", _ok, headers=self._headers)
 
     def model_ready(self, name: str, version: str | None) -> HttpCall[bool]:
         """``GET /v2/models/{m}/ready`` (any error answer is "not ready")."""
-        return HttpCall(f"readiness of model '{name}'", True, False, "GET", f"{model_path(name, version)}/ready", _ok)
+        path = f"{model_path(name, version)}/ready"
+        return HttpCall(f"readiness of model '{name}'", True, False, "GET", path, _ok, headers=self._headers)
 
     def model_config(self, name: str, version: str | None) -> HttpCall[RemoteModelConfig]:
         """``GET /v2/models/{m}/config``."""
@@ -75,38 +82,50 @@ class HttpCodec:
                 raise error_of(status, body)
             return RemoteModelConfig.from_json(_json(body, f"the configuration of model '{name}'"), name, version)
 
-        return HttpCall(
-            f"configuration of model '{name}'", True, False, "GET", f"{model_path(name, version)}/config", parse
-        )
+        path = f"{model_path(name, version)}/config"
+        return HttpCall(f"configuration of model '{name}'", True, False, "GET", path, parse, headers=self._headers)
 
     def infer(self, request: InferRequest) -> HttpCall[Outputs]:
-        """``POST /v2/models/{m}/infer``: binary inputs in, binary outputs back."""
+        """``POST /v2/models/{m}/infer``: binary inputs in, binary outputs back (or their places in a region)."""
+        regions = request.regions
         described: list[dict[str, Any]] = []
         parts: list[bytes | memoryview] = []
         for name, array in request.inputs.items():
             datatype = wire_datatype(name, array)
-            data = tensor_bytes(datatype, array)
-            described.append(
-                {
-                    "name": name,
-                    "shape": list(array.shape),
-                    "datatype": datatype,
-                    "parameters": {"binary_data_size": len(data)},
-                }
-            )
-            parts.append(data)
+            tensor: dict[str, Any] = {"name": name, "shape": list(array.shape), "datatype": datatype}
+            placement = None if regions is None else regions.inputs.get(name)
+            if placement is not None:
+                tensor["parameters"] = placement.parameters()
+            else:
+                data = tensor_bytes(datatype, array)
+                tensor["parameters"] = {"binary_data_size": len(data)}
+                parts.append(data)
+            described.append(tensor)
         parameters: dict[str, Any] = dict(request.parameters or {})
         parameters["binary_data_output"] = True
-        header = orjson.dumps({"inputs": described, "parameters": parameters})
+        doc: dict[str, Any] = {"inputs": described, "parameters": parameters}
+        if regions is not None and regions.outputs:
+            doc["outputs"] = [
+                {"name": name, "parameters": placement.parameters()}
+                if (placement := regions.outputs.get(name)) is not None
+                else {"name": name, "parameters": {"binary_data": True}}
+                for name in regions.requested
+            ]
+        header = orjson.dumps(doc)
         headers = {
             "Inference-Header-Content-Length": str(len(header)),
             "Content-Type": "application/octet-stream",
             **_NO_COMPRESSION,
+            **self._headers,
             **(request.headers or {}),
         }
+
+        def parse(status: int, headers: Mapping[str, str], body: bytes) -> Outputs:
+            return _parse_infer(status, headers, body, regions)
+
         what = f"infer on model '{request.model_name}'"
         path = f"{model_path(request.model_name, request.model_version)}/infer"
-        return HttpCall(what, False, False, "POST", path, _parse_infer, b"".join([header, *parts]), headers)
+        return HttpCall(what, False, False, "POST", path, parse, b"".join([header, *parts]), headers)
 
     def stream(self, request: InferRequest, config: RemoteModelConfig) -> HttpStreamCall[Outputs]:
         """``POST /v2/models/{m}/generate_stream``: inputs as flat JSON lists, one event per response."""
@@ -122,7 +141,12 @@ class HttpCodec:
             f"stream from model '{request.model_name}'",
             f"{model_path(request.model_name, request.model_version)}/generate_stream",
             orjson.dumps(doc),
-            {**_JSON_HEADERS, **_NO_COMPRESSION, "Accept": "text/event-stream", **(request.headers or {})},
+            {
+                **self._json_headers,
+                **_NO_COMPRESSION,
+                "Accept": "text/event-stream",
+                **(request.headers or {}),
+            },
             parse_event,
             _stream_error,
         )
@@ -135,12 +159,26 @@ class HttpCodec:
             parameters[key] = base64.b64encode(content).decode("ascii")
         body = orjson.dumps({"parameters": parameters})
         path = f"/v2/repository/models/{quote(name, safe='')}/load"
-        return HttpCall(f"load of model '{name}'", False, True, "POST", path, _parse_done, body, _JSON_HEADERS)
+        return HttpCall(f"load of model '{name}'", False, True, "POST", path, _parse_done, body, self._json_headers)
 
     def unload_model(self, name: str) -> HttpCall[None]:
         """``POST /v2/repository/models/{m}/unload``."""
         path = f"/v2/repository/models/{quote(name, safe='')}/unload"
-        return HttpCall(f"unload of model '{name}'", False, True, "POST", path, _parse_done, b"{}", _JSON_HEADERS)
+        what = f"unload of model '{name}'"
+        return HttpCall(what, False, True, "POST", path, _parse_done, b"{}", self._json_headers)
+
+    def register_region(self, name: str, key: str, byte_size: int) -> HttpCall[None]:
+        """``POST /v2/systemsharedmemory/region/{name}/register`` of a whole object."""
+        body = orjson.dumps({"key": key, "offset": 0, "byte_size": byte_size})
+        path = f"/v2/systemsharedmemory/region/{quote(name, safe='')}/register"
+        what = f"registration of shared-memory region '{name}'"
+        return HttpCall(what, False, False, "POST", path, _parse_ok, body, self._json_headers)
+
+    def unregister_region(self, name: str) -> HttpCall[None]:
+        """``POST /v2/systemsharedmemory/region/{name}/unregister``."""
+        path = f"/v2/systemsharedmemory/region/{quote(name, safe='')}/unregister"
+        what = f"unregistration of shared-memory region '{name}'"
+        return HttpCall(what, True, False, "POST", path, _parse_ok, b"", self._json_headers)
 
 
 def _ok(status: int, headers: Mapping[str, str], body: bytes) -> bool:
@@ -150,6 +188,11 @@ def _ok(status: int, headers: Mapping[str, str], body: bytes) -> bool:
 def _parse_done(status: int, headers: Mapping[str, str], body: bytes) -> None:
     if status != 200:
         raise error_of(status, body, repository=True)
+
+
+def _parse_ok(status: int, headers: Mapping[str, str], body: bytes) -> None:
+    if status != 200:
+        raise error_of(status, body)
 
 
 def _json(data: bytes | memoryview, what: str) -> dict[str, Any]:
@@ -162,7 +205,7 @@ def _json(data: bytes | memoryview, what: str) -> dict[str, Any]:
     return doc
 
 
-def _parse_infer(status: int, headers: Mapping[str, str], body: bytes) -> Outputs:
+def _parse_infer(status: int, headers: Mapping[str, str], body: bytes, regions: TensorsInRegion | None) -> Outputs:
     if status != 200:
         raise error_of(status, body)
     view = memoryview(body)
@@ -176,7 +219,9 @@ def _parse_infer(status: int, headers: Mapping[str, str], body: bytes) -> Output
         for output in doc.get("outputs", ()):
             name, datatype, shape = output["name"], output["datatype"], list(output["shape"])
             size = (output.get("parameters") or {}).get("binary_data_size")
-            if size is None:
+            if regions is not None and size is None and "data" not in output:
+                outputs[name] = regions.read_output(name, datatype, shape)  # the server wrote it into the region
+            elif size is None:
                 outputs[name] = array_from_json(datatype, shape, output["data"])
             else:
                 outputs[name] = array_from_bytes(datatype, shape, binary[offset : offset + size])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -15,6 +15,7 @@ import numpy as np
 from pyserve.config import Tensor
 from pyserve.dtypes import as_bytes_array, datatype_of, deserialize_bytes, numpy_dtype, serialize_bytes
 from pyserve.errors import ClientError, ConfigError, InvalidInputError, UnsupportedError
+from pyserve.frontends.shared_memory import BYTE_SIZE, OFFSET, REGION
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
 # PyTriton's defaults: wait up to 5 minutes for the server and model, 60 s for one inference.
@@ -119,15 +120,52 @@ def _dtype(config_type: str) -> Any:
     return bytes if datatype == "BYTES" else numpy_dtype(datatype).type
 
 
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where one tensor lies in a shared-memory region: Triton's three parameters of an input or requested output."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+    def parameters(self) -> dict[str, str | int]:
+        """``shared_memory_region``, ``shared_memory_byte_size`` and ``shared_memory_offset``."""
+        return {REGION: self.region, BYTE_SIZE: self.byte_size, OFFSET: self.offset}
+
+
+class TensorsInRegion(Protocol):
+    """A request's tensors placed in a shared-memory region (``shared_memory.RegionLayout``): what the codecs send
+    in place of their bytes, and how they read an output the server wrote there."""
+
+    @property
+    def inputs(self) -> Mapping[str, Placement]:
+        """The inputs in the region."""
+
+    @property
+    def outputs(self) -> Mapping[str, Placement]:
+        """The outputs asked for in the region."""
+
+    @property
+    def requested(self) -> tuple[str, ...]:
+        """Every output to name in the request when some are in the region (a request naming outputs gets only
+        those named)."""
+
+    def read_output(self, name: str, datatype: str, shape: list[int]) -> np.ndarray:
+        """Output ``name`` as the server wrote it into the region (a copy)."""
+
+
 @dataclasses.dataclass
 class InferRequest:
-    """One inference request, protocol-neutral: what the codecs encode."""
+    """One inference request, protocol-neutral: what the codecs encode. With ``regions``, the inputs it places are
+    sent as their place in a shared-memory region instead of their bytes, and the outputs it places are asked for
+    there."""
 
     model_name: str
     model_version: str | None
     inputs: dict[str, np.ndarray]
     parameters: Parameters | None = None
     headers: Headers | None = None
+    regions: TensorsInRegion | None = None
 
 
 def build_request(

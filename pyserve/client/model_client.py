@@ -37,8 +37,12 @@ class _BlockingClient(ClientBase):
         self.close()
 
     def close(self) -> None:
-        """Close the client's connections; it cannot be used afterwards."""
-        self._transport.close()
+        """Unregister and remove the client's shared-memory regions, if any, and close its connections; it cannot
+        be used afterwards."""
+        try:
+            drive(self._close_regions_flow(), self._transport)
+        finally:
+            self._transport.close()
 
     def wait_for_server(self, timeout_s: float) -> None:
         """Wait until the server answers ready; ClientTimeoutError (naming the last answer) after ``timeout_s``."""
@@ -81,6 +85,11 @@ class ModelClient(_BlockingClient):
     first call (at once with ``lazy_init=False``), waiting up to ``init_timeout_s`` for the server and model to be
     ready; each inference must answer within ``inference_timeout_s`` and each connection open within
     ``connect_timeout_s``. The client may be shared by threads (``max_connections`` are kept alive for them).
+    ``headers`` go with every call (HTTP headers, gRPC metadata).
+
+    ``shared_memory``: ``True`` or ``"auto"`` put a large request's tensors in shared-memory regions of the client's
+    when the server is on this host (``True`` raises ConfigError for a server elsewhere, and the server's error
+    when it refuses a region; ``"auto"`` then sends them over the connection); False, the default, never does.
     """
 
     def infer_sample(
@@ -115,8 +124,10 @@ class DecoupledModelClient(_BlockingClient):
 
     Inputs are checked and the model's configuration read when the method is called; the request is sent when
     iteration starts. Each response must come within ``inference_timeout_s``; closing the iterator early (or
-    leaving the ``for`` loop) cancels the request on the server.
+    leaving the ``for`` loop) cancels the request on the server. It takes no ``shared_memory``.
     """
+
+    TAKES_SHARED_MEMORY = False
 
     def infer_sample(
         self,

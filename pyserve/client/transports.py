@@ -27,11 +27,11 @@ from pyserve.client.calls import (
     T,
     timeout_message,
 )
-from pyserve.client.errors import ClientClosedError, ClientTimeoutError, ServerUnreachableError
 from pyserve.client.grpc_codec import CHANNEL_OPTIONS, RECONNECT_GRACE_S, answer_or_raise, rpc_error
 from pyserve.client.http_codec import EventReader
 from pyserve.client.http_connection import ConnectionDropped, HttpConnection
 from pyserve.client.model import ServerAddress
+from pyserve.errors import ClientClosedError, ClientTimeoutError, ServerUnreachableError
 
 R = TypeVar("R")
 _STREAM_CHUNK = 1 << 16

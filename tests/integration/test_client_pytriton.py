@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import glob
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,3 +73,14 @@ def test_stream_against_pytriton(pytriton: tuple[str, str], protocol: int) -> No
         responses = list(client.infer_sample(x))
     assert len(responses) == 32
     np.testing.assert_array_equal(responses[-1]["OUTPUT0"], x)
+
+
+@pytest.mark.parametrize("protocol", (0, 1), ids=("http", "grpc"))
+def test_shared_memory_against_pytriton(pytriton: tuple[str, str], protocol: int) -> None:
+    # identity_fp32's dimension is variable: the inputs go through a region, the output comes back in the response.
+    batch = np.arange(2 << 16, dtype=np.float32).reshape(2, -1)  # 512 KiB
+    with ModelClient(pytriton[protocol], "identity_fp32", shared_memory=True, init_timeout_s=30) as client:
+        for _ in range(2):
+            np.testing.assert_array_equal(client.infer_batch(batch)["OUTPUT0"], batch)
+        assert len(glob.glob(f"/dev/shm/pyserve-client-{os.getpid()}-*")) == 1
+    assert glob.glob(f"/dev/shm/pyserve-client-{os.getpid()}-*") == []

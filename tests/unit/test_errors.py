@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import inspect
+import os
 
 import pytest
 
 from pyserve import errors
 from pyserve.errors import (
     CancelledError,
+    ClientClosedError,
     ClientError,
+    ClientTimeoutError,
     ConfigError,
     DeadlockError,
     InferenceError,
@@ -26,6 +30,7 @@ from pyserve.errors import (
     QueueFullError,
     RequestTimeoutError,
     ServerError,
+    ServerUnreachableError,
     UnsupportedError,
     WorkerDiedError,
     error_from_kind,
@@ -52,10 +57,11 @@ GRPC_CODES = {
     "UNAUTHENTICATED",
 }
 
+# The errors a server answers with (ClientTimeoutError is also a RequestTimeoutError, but only clients raise it).
 INFERENCE_ERRORS = [
     cls
     for _, cls in inspect.getmembers(errors, inspect.isclass)
-    if issubclass(cls, InferenceError) and cls.__module__ == errors.__name__
+    if issubclass(cls, InferenceError) and not issubclass(cls, ClientError) and cls.__module__ == errors.__name__
 ]
 
 MAPPING = [
@@ -124,6 +130,9 @@ def test_the_tree_of_the_module_docstring() -> None:
     assert issubclass(PayloadTooLargeError, InvalidInputError)
     for cls in (ConfigError, ServerError, InferenceError, ClientError):
         assert cls.__bases__[0] is PyServeError
+    for cls in (ServerUnreachableError, ClientClosedError, ClientTimeoutError):
+        assert issubclass(cls, ClientError)
+        assert not issubclass(cls, (ConfigError, ServerError)), cls
     named = {word for word in (errors.__doc__ or "").split() if word.endswith("Error")}
     defined = {name for name, cls in inspect.getmembers(errors, inspect.isclass) if cls.__module__ == errors.__name__}
     assert named == defined
@@ -136,3 +145,24 @@ def test_errors_also_catch_as_builtin_exceptions() -> None:
     assert issubclass(ModelNotFoundError, LookupError)
     assert issubclass(RequestTimeoutError, TimeoutError)
     assert issubclass(ServerError, RuntimeError)
+
+
+def test_a_client_timeout_is_caught_as_a_request_timeout() -> None:
+    # One except clause takes a request that timed out on either side; ClientTimeoutError tells the client's apart.
+    with pytest.raises(RequestTimeoutError):
+        raise ClientTimeoutError("infer on model 'm': no answer within 0.2 s")
+    assert issubclass(ClientTimeoutError, TimeoutError)
+    assert not issubclass(RequestTimeoutError, ClientError)
+
+
+def test_a_client_error_never_crosses_a_process_boundary_as_itself() -> None:
+    assert type(error_from_kind("ClientTimeoutError", "late")) is InferenceError
+
+
+def test_server_unreachable_names_the_address_and_the_reason() -> None:
+    error = ServerUnreachableError(
+        "http://127.0.0.1:8000", ConnectionRefusedError(errno.ECONNREFUSED, "Connect call failed")
+    )
+    assert str(error) == f"cannot reach the server at http://127.0.0.1:8000: {os.strerror(errno.ECONNREFUSED)}"
+    assert error.address == "http://127.0.0.1:8000"
+    assert isinstance(error, ConnectionError)
