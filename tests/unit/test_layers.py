@@ -44,6 +44,10 @@ MUST_NOT_IMPORT: dict[str, frozenset[str]] = {
     "pyserve.frontends": frozenset({"pyserve.worker", "pyserve.serve", "pyserve.cli"}),
     # A repository is read by the core (and Serve.bind_model); backends run in instances and know neither.
     "pyserve.repository": frozenset({"pyserve.core", "pyserve.frontends", "pyserve.serve", "pyserve.cli"}),
+    # The clients run anywhere: they speak the wire protocols, and know nothing of the server's insides.
+    "pyserve.client": frozenset(
+        {"pyserve.core", "pyserve.worker", "pyserve.serve", "pyserve.cli", "pyserve.repository", "pyserve.backends"}
+    ),
     "pyserve.backends": frozenset(
         {"pyserve.core", "pyserve.frontends", "pyserve.repository", "pyserve.serve", "pyserve.cli"}
     ),
