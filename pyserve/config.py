@@ -21,33 +21,44 @@ from pyserve.errors import ConfigError
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 
 
+# Stands in for a Tensor's dtype when none was given: the field needs a default only because ``name`` has one.
+_NO_DTYPE: Any = object()
+
+
 @dataclasses.dataclass(frozen=True)
 class Tensor:
     """A declared input or output: name, dtype (numpy dtype, ``bytes``/``object`` for BYTES, ``bool``), shape.
 
-    ``shape`` excludes the batch dimension when the model batches (``max_batch_size > 0``); -1 marks a
-    variable dimension. ``optional`` inputs may be left out of a request; ``optional`` outputs may be left out of
-    what the function returns (a missing required output fails the request). Tensors compare by datatype, so
-    ``np.float32`` and ``"FP32"`` declare the same tensor.
+    ``name`` may be left out (``""`` or None): ``bind`` then names the tensor by its place among the declared inputs
+    or outputs, ``INPUT_1``, ``INPUT_2``, ... and ``OUTPUT_1``, ... (as PyTriton does). ``shape`` excludes the batch
+    dimension when the model batches (``max_batch_size > 0``); -1 marks a variable dimension. ``optional`` inputs
+    may be left out of a request; ``optional`` outputs may be left out of what the function returns (a missing
+    required output fails the request). Tensors compare by datatype, so ``np.float32`` and ``"FP32"`` declare the
+    same tensor.
     """
 
-    name: str
-    dtype: Any = dataclasses.field(compare=False)
+    name: str = ""
+    dtype: Any = dataclasses.field(default=_NO_DTYPE, compare=False)
     shape: tuple[int, ...] = (-1,)
     optional: bool = False
     _datatype: str = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ConfigError(f"tensor name must be a non-empty string, got {self.name!r}")
+        if self.name is None:
+            object.__setattr__(self, "name", "")
+        if not isinstance(self.name, str):
+            raise ConfigError(f"tensor name must be a string (or None to be named by bind), got {self.name!r}")
+        label = f"tensor '{self.name}'" if self.name else "unnamed tensor"
+        if self.dtype is _NO_DTYPE:
+            raise ConfigError(f"{label}: dtype is required (a numpy dtype, bytes for BYTES, bool, ...)")
         try:
             shape = tuple(int(d) for d in self.shape)
         except (TypeError, ValueError):
-            raise ConfigError(f"tensor '{self.name}': shape must be a sequence of ints, got {self.shape!r}") from None
+            raise ConfigError(f"{label}: shape must be a sequence of ints, got {self.shape!r}") from None
         object.__setattr__(self, "shape", shape)
         for dim in self.shape:
             if dim < -1 or dim == 0:
-                raise ConfigError(f"tensor '{self.name}': dimension {dim} in shape {self.shape} must be > 0 or -1")
+                raise ConfigError(f"{label}: dimension {dim} in shape {self.shape} must be > 0 or -1")
         object.__setattr__(self, "_datatype", datatype_of(self.dtype))
 
     @property
@@ -107,7 +118,13 @@ class DynamicBatcher:
     priority_queue_policy: dict[int, QueuePolicy] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "preferred_batch_size", tuple(int(s) for s in self.preferred_batch_size))
+        # None (as PyTriton's DynamicBatcher leaves them) means the default.
+        if self.default_queue_policy is None:
+            object.__setattr__(self, "default_queue_policy", QueuePolicy())
+        if self.priority_queue_policy is None:
+            object.__setattr__(self, "priority_queue_policy", {})
+        preferred = self.preferred_batch_size if self.preferred_batch_size is not None else ()
+        object.__setattr__(self, "preferred_batch_size", tuple(int(s) for s in preferred))
         if self.max_queue_delay_microseconds < 0:
             raise ConfigError("DynamicBatcher.max_queue_delay_microseconds must be >= 0")
         if any(size <= 0 for size in self.preferred_batch_size):
@@ -138,6 +155,10 @@ class ModelConfig:
     ``max_batch_size`` 0 means the model's tensors have no batch dimension (as in Triton). With a positive
     ``max_batch_size`` the ``batcher`` (dynamic batching, on by default; ``None`` turns it off) merges requests
     into batches of at most that many rows.
+
+    ``batching=False`` (PyTriton's switch) says the same as ``max_batch_size=0, batcher=None``: the model has no
+    batch dimension and requests are never merged; a positive ``max_batch_size`` or batcher settings beside it are
+    refused as contradictions. ``batching=True`` (the default) leaves it to ``max_batch_size``.
     """
 
     max_batch_size: int = 0
@@ -148,12 +169,22 @@ class ModelConfig:
     worker: WorkerKind | str = WorkerKind.THREAD
     response_cache: bool = False
     parameters: dict[str, str] = dataclasses.field(default_factory=dict)
+    batching: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "worker", _enum_value(WorkerKind, self.worker, "worker"))
         object.__setattr__(self, "devices", tuple(self.devices))
         if self.max_batch_size < 0:
             raise ConfigError(f"max_batch_size must be >= 0, got {self.max_batch_size}")
+        if not self.batching:
+            if self.max_batch_size > 0:
+                raise ConfigError(
+                    f"batching=False means max_batch_size 0 (no batch dimension), got max_batch_size "
+                    f"{self.max_batch_size}: leave one of them out"
+                )
+            if self.batcher is not None and self.batcher != DynamicBatcher():
+                raise ConfigError("batching=False means no dynamic batcher, got batcher settings: leave one out")
+            object.__setattr__(self, "batcher", None)
         if self.instances < 1:
             raise ConfigError(f"instances must be >= 1, got {self.instances}")
         if self.batcher is not None and self.max_batch_size > 0:
@@ -199,6 +230,9 @@ class ModelSpec:
             for tensor in tensors:
                 if not isinstance(tensor, Tensor):
                     raise ConfigError(f"model '{self.name}': {kind}s must be Tensor objects, got {tensor!r}")
+                if not tensor.name:
+                    # bind() names unnamed tensors (as_tensors); a spec built by hand must name them itself.
+                    raise ConfigError(f"model '{self.name}': {kind} {tensor!r} has no name")
             names = [t.name for t in tensors]
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
@@ -222,6 +256,7 @@ class ModelSpec:
             "worker": WorkerKind(cfg.worker).value,
             "response_cache": cfg.response_cache,
             "parameters": dict(cfg.parameters),
+            "batching": cfg.batching,
         }
 
     @classmethod
@@ -237,6 +272,7 @@ class ModelSpec:
             worker=data["worker"],
             response_cache=data["response_cache"],
             parameters=dict(data["parameters"]),
+            batching=data.get("batching", True),
         )
         return cls(
             name=data["name"],
@@ -317,6 +353,12 @@ class ServeConfig:
     ``--grpc-restricted-protocol`` value, ``shared-memory:<key>=<value>``: the shared-memory endpoints (register,
     unregister, status) then need the HTTP header ``<key>: <value>`` (gRPC: the metadata
     ``triton-grpc-protocol-<key>``), else 403 / PERMISSION_DENIED. Empty (the default): not restricted.
+
+    Headers as parameters (docs/binding.md): ``http_header_forward_pattern`` and ``grpc_header_forward_pattern`` are
+    tritonserver's ``--http-header-forward-pattern`` / ``--grpc-header-forward-pattern``: a regular expression
+    searched, case-insensitively, in the name of each HTTP header (gRPC metadata key) of an infer request; each
+    that matches becomes a string request parameter named as the header, in lower case (``req.parameters``). A
+    leading ``(?-i)`` makes the match case-sensitive. Empty (the default): nothing is forwarded.
     """
 
     host: str = "127.0.0.1"
@@ -347,6 +389,8 @@ class ServeConfig:
     strict_model_config: bool = False
     repository_hooks: tuple[str, ...] = ()
     restricted_api: str = ""
+    http_header_forward_pattern: str = ""
+    grpc_header_forward_pattern: str = ""
 
     def __post_init__(self) -> None:
         for name in ("load_model", "repository_hooks"):
@@ -379,6 +423,8 @@ class ServeConfig:
         if self.log_format not in ("default", "ISO8601", "json"):
             raise ConfigError(f"log_format must be 'default', 'ISO8601' or 'json', got {self.log_format!r}")
         self.shared_memory_restriction()  # raises ConfigError on a malformed restricted_api
+        for name in ("http_header_forward_pattern", "grpc_header_forward_pattern"):
+            header_pattern(getattr(self, name), name)  # raises ConfigError on a malformed pattern
 
     def shared_memory_restriction(self) -> tuple[str, str] | None:
         """``(header, value)`` the shared-memory endpoints require (``restricted_api``), or None when open."""
@@ -409,14 +455,30 @@ class ServeConfig:
                     if kind is tuple:  # a comma-separated list
                         values[field.name] = tuple(item.strip() for item in raw.split(",") if item.strip())
                     else:
-                        values[field.name] = _parse_bool(raw) if kind is bool else kind(raw)
+                        values[field.name] = parse_bool(raw) if kind is bool else kind(raw)
                 except ValueError as exc:
                     raise ConfigError(f"PYSERVE_{field.name.upper()}={raw!r}: expected {kind.__name__}") from exc
         values.update(overrides)
         return cls(**values)
 
 
-def _parse_bool(raw: str) -> bool:
+def header_pattern(pattern: str, field: str = "header forward pattern") -> re.Pattern[str] | None:
+    """The compiled ``*_header_forward_pattern`` (None when empty): case-insensitive, as Triton matches header
+    names, unless it starts with ``(?-i)``."""
+    if not pattern:
+        return None
+    flags: int = re.IGNORECASE
+    if pattern.startswith("(?-i)"):
+        # RE2's way of turning case-insensitivity off for the whole pattern; Python's re has no global form of it.
+        pattern, flags = pattern[len("(?-i)") :], 0
+    try:
+        return re.compile(pattern, flags)
+    except re.error as exc:
+        raise ConfigError(f"{field}: invalid regular expression {pattern!r}: {exc}") from None
+
+
+def parse_bool(raw: str) -> bool:
+    """A flag's word as a bool: 1/true/yes/on or 0/false/no/off/empty (any case); ValueError otherwise."""
     # bool("false") is True: environment flags need their words read.
     value = raw.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -427,10 +489,21 @@ def _parse_bool(raw: str) -> bool:
 
 
 def as_tensors(tensors: Sequence[Tensor], kind: str) -> tuple[Tensor, ...]:
-    """Validate a user-given sequence of Tensor declarations."""
+    """Validate a user-given sequence of Tensor declarations (``kind``: "inputs" or "outputs").
+
+    A tensor without a name is named by its place in the sequence, as PyTriton names them: ``INPUT_1``, ``INPUT_2``,
+    ... for inputs and ``OUTPUT_1``, ... for outputs (counting every tensor, named or not).
+    """
     if isinstance(tensors, Tensor):
-        return (tensors,)
+        tensors = (tensors,)
     try:
-        return tuple(tensors)
+        declared = tuple(tensors)
     except TypeError:
         raise ConfigError(f"{kind} must be a list of Tensor, got {tensors!r}") from None
+    prefix = kind.rstrip("s").upper()
+    return tuple(
+        dataclasses.replace(tensor, name=f"{prefix}_{index}")
+        if isinstance(tensor, Tensor) and not tensor.name
+        else tensor
+        for index, tensor in enumerate(declared, start=1)
+    )

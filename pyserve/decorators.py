@@ -198,21 +198,34 @@ def first_value(
     row must equal the first (NaN equals NaN), else ``InvalidInputError`` names the input; put
     ``@group_by_values(key)`` above ``@batch`` so that requests with different values never share a call. Names
     that are not passed, and values that are not arrays, are left alone; a 0-d array counts as its own first row.
+
+    On a function that takes the request batch instead (no keyword argument named by ``keys``, a list of requests
+    as the last positional argument), each request's input is replaced the same way, in a copy of the request.
     """
     check_keys("@first_value", keys)
 
     def decorator(fn: InferFunc) -> InferFunc:
         def plan(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Call], Merge]:
-            inputs = dict(kwargs)
-            for key in keys:
-                value = inputs.get(key)
-                if isinstance(value, np.ndarray):
-                    inputs[key] = _first_row(key, value, squeeze_single_values, strict)
-            return [Call(args, inputs)], only_result
+            if args and not any(key in kwargs for key in keys) and isinstance(args[-1], (list, tuple)):
+                requests = [
+                    with_inputs(request, _first_values(inputs_of(request), keys, squeeze_single_values, strict))
+                    for request in args[-1]
+                ]
+                return [Call((*args[:-1], request_batch(requests)), kwargs)], only_result
+            return [Call(args, _first_values(kwargs, keys, squeeze_single_values, strict))], only_result
 
         return adapt(fn, plan)
 
     return decorator
+
+
+def _first_values(inputs: Inputs, keys: tuple[str, ...], squeeze: bool, strict: bool) -> dict[str, Any]:
+    replaced = dict(inputs)
+    for key in keys:
+        value = replaced.get(key)
+        if isinstance(value, np.ndarray):
+            replaced[key] = _first_row(key, value, squeeze, strict)
+    return replaced
 
 
 def _first_row(key: str, array: NDArray[Any], squeeze: bool, strict: bool) -> Any:

@@ -168,12 +168,41 @@ def request_batch(items: list[Inputs]) -> RequestBatch:
 
 
 def output_arrays(outputs: Any, who: str) -> dict[str, NDArray[Any]]:
-    """A function's output dict, with array-likes turned into arrays."""
+    """A function's outputs as a dict of arrays (array-likes turned into arrays); outputs returned as a list or
+    tuple are named by the running model's declared outputs, in order (see ``named_outputs``)."""
     if not isinstance(outputs, Mapping):
-        raise OutputMismatchError(
-            f"{who}: the function must return a dict of output arrays, got {type(outputs).__name__}"
-        )
+        try:
+            declared: tuple[str, ...] | None = tuple(tensor.name for tensor in current_model().outputs)
+        except LookupError:
+            declared = None
+        outputs = named_outputs(outputs, declared, who)
     return {name: value if isinstance(value, np.ndarray) else np.asarray(value) for name, value in outputs.items()}
+
+
+def named_outputs(outputs: Any, declared: Sequence[str] | None, who: str) -> Mapping[str, Any]:
+    """One response's outputs by name: a dict as it is, a list or tuple of arrays named by ``declared`` (the model's
+    output names, in declared order; None outside a model). Anything else, or a list of another length, raises
+    ``OutputMismatchError``."""
+    if isinstance(outputs, Mapping):
+        return outputs
+    kind = type(outputs).__name__
+    if not isinstance(outputs, (list, tuple)):
+        raise OutputMismatchError(
+            f"{who}: the function must return a dict of output arrays (or a list or tuple of them in declared "
+            f"order), got {kind}"
+        )
+    if declared is None:
+        raise OutputMismatchError(
+            f"{who}: outputs returned as a {kind} are named by the model's declared outputs, which are only known "
+            "inside a model (in tests, set one with set_current_model(ModelContext(...))); return a dict instead"
+        )
+    if len(outputs) != len(declared):
+        names = ", ".join(f"'{name}'" for name in declared)
+        raise OutputMismatchError(
+            f"{who}: the function returned a {kind} of {len(outputs)} outputs, but the model declares "
+            f"{len(declared)} ({names}); a {kind} must hold every declared output, in order"
+        )
+    return dict(zip(declared, outputs, strict=True))
 
 
 def check_keys(who: str, keys: tuple[str, ...]) -> None:

@@ -10,7 +10,8 @@ signature.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,19 @@ def check_parameter_names(parameters: Mapping[str, Any]) -> None:
     for name in parameters:
         if name.startswith("triton_") and name not in TRITON_PARAMETERS:
             raise InvalidInputError(f"parameter '{name}' is reserved: names starting with 'triton_' are Triton's")
+
+
+def forward_headers(
+    parameters: dict[str, Any], headers: Iterable[tuple[str, str]], pattern: re.Pattern[str] | None
+) -> None:
+    """Add the headers (HTTP) or metadata (gRPC) whose name ``pattern`` finds to a request's parameters, as strings
+    under the name in lower case (tritonserver's ``--http-header-forward-pattern``); a forwarded header takes the
+    place of a request parameter of the same name, and reserved names are refused as for parameters."""
+    if pattern is None:
+        return
+    forwarded = {name.lower(): value for name, value in headers if pattern.search(name)}
+    check_parameter_names(forwarded)
+    parameters.update(forwarded)
 
 
 def tensor_from_binary(name: str, datatype: str, shape: list[int], chunk: memoryview) -> InputTensor:

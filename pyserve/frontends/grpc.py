@@ -15,16 +15,16 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 from typing import Any
 
 import grpc
 from google.protobuf import json_format
 
-from pyserve.config import ServeConfig
+from pyserve.config import ServeConfig, header_pattern
 from pyserve.core.api import CoreApi
-from pyserve.core.infer_call import build_request
+from pyserve.core.infer_call import build_request, forward_headers
 from pyserve.core.inference import InferenceRequest, InferenceResponse, ModelEntry
 from pyserve.errors import InferenceError, InvalidInputError, ModelNotFoundError, UnsupportedError
 from pyserve.frontends.common import EXTENSIONS, SERVER_NAME, SERVER_VERSION
@@ -62,6 +62,8 @@ class GrpcFrontend:
         self.config = config
         self.port = 0
         self._server: grpc.aio.Server | None = None
+        # ServeConfig.grpc_header_forward_pattern: metadata whose keys match become request parameters.
+        self.forward_pattern = header_pattern(config.grpc_header_forward_pattern)
 
     async def start(self) -> int:
         """Listen on config.host:grpc_port (0 picks a free port); returns the bound port."""
@@ -318,6 +320,8 @@ class GrpcFrontend:
         try:
             message, raw = parse_infer_request(data)
             entry, call = decode_infer_call(message, raw, self.core.models, self.core.shared_memory)
+            if self.forward_pattern is not None:
+                forward_headers(call.parameters, _text_metadata(context), self.forward_pattern)
             if entry.spec.config.decoupled:
                 raise UnsupportedError(
                     f"model '{entry.name}' is decoupled (streaming): use ModelStreamInfer to receive its responses"
@@ -366,6 +370,8 @@ class GrpcFrontend:
         stream = _Stream(self)
         if self.core.tracing.active:
             stream.traceparent = _traceparent(context)
+        if self.forward_pattern is not None:
+            stream.forwarded = list(_text_metadata(context))
         reader = asyncio.get_running_loop().create_task(stream.read(requests))
         try:
             while True:
@@ -389,6 +395,7 @@ class _Stream:
         self.reading = True
         self.closed = False
         self.traceparent = ""  # the call's W3C traceparent metadata, for every request of the stream
+        self.forwarded: list[tuple[str, str]] = []  # the call's metadata, for the forward pattern to pick from
 
     async def read(self, requests: AsyncIterator[bytes]) -> None:
         """Submit every request of the stream; when the client is done sending, end once all are answered."""
@@ -405,6 +412,8 @@ class _Stream:
         try:
             message, raw = parse_infer_request(data)
             entry, call = decode_infer_call(message, raw, self.core.models, self.core.shared_memory)
+            if self.forwarded:
+                forward_headers(call.parameters, self.forwarded, self.frontend.forward_pattern)
         except InferenceError as exc:
             self.queue.put_nowait(stream_flag_bytes(message or pb.ModelInferRequest(), str(exc)))
             return
@@ -464,6 +473,13 @@ class _Stream:
 
 def _traceparent(context: Context) -> str:
     return _metadata(context, "traceparent") or ""
+
+
+def _text_metadata(context: Context) -> Iterator[tuple[str, str]]:
+    """The call's metadata with text values (binary ``-bin`` entries are not forwarded as parameters)."""
+    for key, value in context.invocation_metadata() or ():
+        if isinstance(value, str):
+            yield key, value
 
 
 def _metadata(context: Context, name: str) -> str | None:

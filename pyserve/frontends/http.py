@@ -21,9 +21,9 @@ from urllib.parse import unquote
 
 import orjson
 
-from pyserve.config import ServeConfig
+from pyserve.config import ServeConfig, header_pattern
 from pyserve.core.api import CoreApi
-from pyserve.core.infer_call import InferCall, build_request
+from pyserve.core.infer_call import InferCall, build_request, forward_headers
 from pyserve.core.inference import InferenceRequest, InferenceResponse, ModelEntry
 from pyserve.errors import (
     InferenceError,
@@ -58,6 +58,8 @@ class HttpApp:
         self.max_body = config.max_request_bytes
         # The header the shared-memory endpoints require (ServeConfig.restricted_api), or None.
         self.restriction = config.shared_memory_restriction()
+        # ServeConfig.http_header_forward_pattern: headers whose names match become request parameters.
+        self.forward_pattern = header_pattern(config.http_header_forward_pattern)
         self._tasks: set[asyncio.Future[None]] = set()
 
     def cancel(self, request: InferenceRequest) -> None:
@@ -317,6 +319,8 @@ class HttpApp:
                     f"Inference-Header-Content-Length must be an integer, got {raw_length!r}"
                 ) from None
         call = decode_request(body, header_length, entry, self.core.shared_memory)
+        if self.forward_pattern is not None:
+            self._forward_headers(request, call)
         accept = headers.get(b"accept-encoding", b"").lower()
         compress = b"gzip" if b"gzip" in accept else b"deflate" if b"deflate" in accept else b""
 
@@ -330,6 +334,10 @@ class HttpApp:
         conn.in_flight = infer
         self.core.submit(infer)
 
+    def _forward_headers(self, request: HttpRequest, call: InferCall) -> None:
+        headers = ((name.decode("latin-1"), value.decode("latin-1")) for name, value in request.headers.items())
+        forward_headers(call.parameters, headers, self.forward_pattern)
+
     def _body(self, request: HttpRequest) -> Any:
         encoding = request.headers.get(b"content-encoding")
         if encoding:
@@ -342,6 +350,8 @@ class HttpApp:
         """Triton's generate extension: ``/generate`` answers one JSON object, ``/generate_stream`` one Server-Sent
         Event per response. Once a stream has started, a later error arrives as an ``{"error": ...}`` event."""
         call = decode_generate_request(self._body(request), entry)
+        if self.forward_pattern is not None:
+            self._forward_headers(request, call)
         # A decoupled model ends with a flag-only response; it carries nothing to send.
         decoupled = entry.spec.config.decoupled
         collected: list[bytes] = []

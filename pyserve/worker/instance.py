@@ -51,6 +51,7 @@ from pyserve.transport.protocol import (
 from pyserve.transport.shm import ShmPool, ShmReader
 from pyserve.worker.bls_channel import BlsChannel
 from pyserve.worker.cancel import CancelListener, acquire_listener, release_listener, wait_synced
+from pyserve.wrapping import named_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ class InstanceRunner:
         self._shm_threshold = shm_threshold
         self._shm_limit = shm_limit
         self._outputs = {t.name: t for t in spec.outputs}
+        self._output_names = tuple(self._outputs)
         # Declared outputs every response must carry (the rest are optional).
         self._required = tuple(t.name for t in spec.outputs if not t.optional)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -426,10 +428,13 @@ class InstanceRunner:
             if outputs is None and allow_none:
                 encoded.append(None)
                 continue
+            if isinstance(outputs, (list, tuple)):
+                # A request's outputs as a list or tuple, in declared order (as PyTriton takes them).
+                outputs = dict(named_outputs(outputs, self._output_names, f"model '{self.spec.name}'"))
             if not isinstance(outputs, dict):
                 raise OutputMismatchError(
                     f"model '{self.spec.name}' returned {type(outputs).__name__} for a request; expected a dict "
-                    "of output name -> array"
+                    "of output name -> array (or a list or tuple of arrays in declared order)"
                 )
             requested = request.requested_output_names
             # A request naming its outputs needs exactly those; otherwise every declared output not optional.

@@ -20,8 +20,10 @@ from pyserve.config import (
     TimeoutAction,
     WorkerKind,
     as_tensors,
+    header_pattern,
 )
-from pyserve.errors import ConfigError
+from pyserve.core.infer_call import forward_headers
+from pyserve.errors import ConfigError, InvalidInputError
 
 
 def spec(name: str = "identity", config: ModelConfig | None = None, **kwargs: object) -> ModelSpec:
@@ -110,10 +112,24 @@ def test_tensor_rejects_unsupported_dtypes(dtype: object) -> None:
         Tensor("x", dtype)
 
 
-@pytest.mark.parametrize("name", ["", None, 3])
-def test_tensor_rejects_bad_names(name: object) -> None:
-    with pytest.raises(ConfigError, match="tensor name must be a non-empty string"):
+@pytest.mark.parametrize("name", [3, b"x", ["x"]])
+def test_tensor_rejects_names_that_are_not_strings(name: object) -> None:
+    with pytest.raises(ConfigError, match="tensor name must be a string"):
         Tensor(name, np.float32)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["", None])
+def test_a_tensor_may_leave_its_name_to_bind(name: str | None) -> None:
+    tensor = Tensor(name, np.float32, (2,))  # type: ignore[arg-type]
+    assert tensor.name == ""
+    assert Tensor(dtype=np.float32, shape=(2,)) == tensor
+
+
+def test_a_tensor_needs_a_dtype() -> None:
+    with pytest.raises(ConfigError, match="tensor 'x': dtype is required"):
+        Tensor("x")
+    with pytest.raises(ConfigError, match="unnamed tensor: dtype is required"):
+        Tensor(shape=(3,))
 
 
 def test_as_tensors_accepts_a_single_tensor_or_a_sequence() -> None:
@@ -122,6 +138,21 @@ def test_as_tensors_accepts_a_single_tensor_or_a_sequence() -> None:
     assert as_tensors([x], "inputs") == (x,)
     with pytest.raises(ConfigError, match="inputs must be a list of Tensor, got 5"):
         as_tensors(5, "inputs")  # type: ignore[arg-type]
+
+
+def test_as_tensors_names_unnamed_tensors_by_their_place() -> None:
+    inputs = as_tensors([Tensor(dtype=np.float32), Tensor("mask", bool), Tensor(dtype=bytes, shape=(1,))], "inputs")
+    assert [t.name for t in inputs] == ["INPUT_1", "mask", "INPUT_3"]
+    assert inputs[2] == Tensor("INPUT_3", bytes, (1,))
+    outputs = as_tensors([Tensor(dtype=np.int64), Tensor(dtype=np.int64)], "outputs")
+    assert [t.name for t in outputs] == ["OUTPUT_1", "OUTPUT_2"]
+
+
+def test_a_spec_built_by_hand_needs_named_tensors() -> None:
+    with pytest.raises(ConfigError, match=r"model 'identity': input .* has no name"):
+        spec(inputs=(Tensor(dtype=np.float32),))
+    with pytest.raises(ConfigError, match=r"duplicate input names \['INPUT_1'\]"):
+        spec(inputs=as_tensors([Tensor(dtype=np.float32), Tensor("INPUT_1", np.float32)], "inputs"))
 
 
 # ModelConfig, DynamicBatcher, QueuePolicy -----------------------------------------------------------------------
@@ -138,6 +169,29 @@ def test_model_config_defaults_have_no_batching() -> None:
 def test_dynamic_batching_needs_a_batcher_and_a_batch_dimension() -> None:
     assert ModelConfig(max_batch_size=8).dynamic_batching is True
     assert ModelConfig(max_batch_size=8, batcher=None).dynamic_batching is False
+
+
+def test_batching_false_means_no_batch_dimension_and_no_batcher() -> None:
+    config = ModelConfig(batching=False)
+    assert (config.max_batch_size, config.batcher, config.dynamic_batching) == (0, None, False)
+    assert ModelConfig(batching=False, batcher=None, decoupled=True).decoupled
+    # batching=True (the default) leaves it to max_batch_size.
+    assert ModelConfig(batching=True, max_batch_size=16).dynamic_batching
+    assert not ModelConfig(batching=True).dynamic_batching
+
+
+def test_batching_false_refuses_what_contradicts_it() -> None:
+    with pytest.raises(ConfigError, match=r"batching=False means max_batch_size 0 .* got max_batch_size 8"):
+        ModelConfig(batching=False, max_batch_size=8)
+    with pytest.raises(ConfigError, match="batching=False means no dynamic batcher"):
+        ModelConfig(batching=False, batcher=DynamicBatcher(max_queue_delay_microseconds=100))
+
+
+def test_dynamic_batcher_takes_none_for_its_defaults() -> None:
+    # PyTriton's DynamicBatcher leaves these None.
+    batcher = DynamicBatcher(preferred_batch_size=None, default_queue_policy=None, priority_queue_policy=None)  # type: ignore[arg-type]
+    assert batcher == DynamicBatcher()
+    assert DynamicBatcher(preferred_batch_size=[4, 8]).preferred_batch_size == (4, 8)  # type: ignore[arg-type]
 
 
 def test_model_config_rejects_negative_max_batch_size() -> None:
@@ -271,8 +325,13 @@ def test_model_spec_wire_round_trip_keeps_everything() -> None:
 
 @pytest.mark.parametrize(
     "config",
-    [ModelConfig(), ModelConfig(max_batch_size=4, batcher=None), ModelConfig(max_batch_size=4)],
-    ids=["no-batch-dim", "batcher-off", "default-batcher"],
+    [
+        ModelConfig(),
+        ModelConfig(max_batch_size=4, batcher=None),
+        ModelConfig(max_batch_size=4),
+        ModelConfig(batching=False),
+    ],
+    ids=["no-batch-dim", "batcher-off", "default-batcher", "batching-false"],
 )
 def test_model_spec_wire_round_trip_of_simple_configs(config: ModelConfig) -> None:
     original = spec(config=config)
@@ -358,3 +417,33 @@ def test_restricted_api_is_tritonservers_format() -> None:
         ServeConfig(restricted_api="shared-memory")
     with pytest.raises(ConfigError, match="only 'shared-memory' can be restricted, got model-repository"):
         ServeConfig(restricted_api="shared-memory,model-repository:k=v")
+
+
+def test_header_forward_patterns_are_regular_expressions() -> None:
+    config = ServeConfig(http_header_forward_pattern="header.*", grpc_header_forward_pattern="(?-i)x-.*")
+    assert config.http_header_forward_pattern == "header.*"
+    pattern = header_pattern(config.http_header_forward_pattern)
+    assert pattern is not None and pattern.search("Header_Divisor") and pattern.search("my-header")
+    strict = header_pattern(config.grpc_header_forward_pattern)
+    assert strict is not None and strict.search("x-trace") and not strict.search("X-Trace")
+    assert header_pattern("") is None
+    with pytest.raises(ConfigError, match=r"http_header_forward_pattern: invalid regular expression '\(unclosed'"):
+        ServeConfig(http_header_forward_pattern="(unclosed")
+
+
+def test_header_forward_pattern_from_the_environment(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("PYSERVE_GRPC_HEADER_FORWARD_PATTERN", "tenant")
+    assert ServeConfig.from_env().grpc_header_forward_pattern == "tenant"
+
+
+def test_matching_headers_become_string_parameters_in_lower_case() -> None:
+    parameters: dict[str, object] = {"header_a": 1, "keep": True}
+    headers = [("Header_A", "x"), ("HEADER_B", "y"), ("content-type", "application/json")]
+    forward_headers(parameters, headers, header_pattern("header_.*"))
+    assert parameters == {"header_a": "x", "keep": True, "header_b": "y"}
+    untouched: dict[str, object] = {}
+    forward_headers(untouched, headers, header_pattern("(?-i)header_.*"))
+    forward_headers(untouched, headers, None)
+    assert untouched == {}
+    with pytest.raises(InvalidInputError, match="parameter 'triton_x' is reserved"):
+        forward_headers({}, [("triton_x", "1")], header_pattern("triton"))

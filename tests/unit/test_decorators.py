@@ -41,14 +41,17 @@ def requests(*items: Request, merged: dict[str, np.ndarray] | None = None) -> Re
 
 @contextlib.contextmanager
 def running_model(
-    max_batch_size: int = 8, preferred: tuple[int, ...] = (), inputs: tuple[Tensor, ...] = ()
+    max_batch_size: int = 8,
+    preferred: tuple[int, ...] = (),
+    inputs: tuple[Tensor, ...] = (),
+    outputs: tuple[Tensor, ...] = (),
 ) -> Iterator[ModelContext]:
     """Run the block as if inside the infer function of a model with this config."""
     context = ModelContext(
         name="m",
         version=1,
         inputs=inputs or (Tensor("x", np.float32, (-1,)),),
-        outputs=(Tensor("y", np.float32, (-1,)),),
+        outputs=outputs or (Tensor("y", np.float32, (-1,)),),
         config=ModelConfig(max_batch_size=max_batch_size, batcher=DynamicBatcher(preferred_batch_size=preferred)),
     )
     token = set_current_model(context)
@@ -151,14 +154,65 @@ def test_batch_rejects_outputs_with_wrong_rows() -> None:
         infer(requests(req(x=[[1], [2]]), req(x=[[3]])))
 
 
-@pytest.mark.parametrize("returned", [[np.zeros(1)], None, np.zeros(1)])
-def test_batch_rejects_a_return_value_that_is_not_a_dict(returned: Any) -> None:
+@pytest.mark.parametrize("returned", [None, np.zeros(1), "y"])
+def test_batch_rejects_a_return_value_that_is_not_a_dict_or_list(returned: Any) -> None:
     @batch
     def infer(x: np.ndarray) -> Any:
         return returned
 
     with pytest.raises(OutputMismatchError, match=f"got {type(returned).__name__}"):
         infer(requests(req(x=[1])))
+
+
+# --- outputs as a list or tuple, in declared order -------------------------------------------------------------
+
+TWO_OUTPUTS = (Tensor("sum", np.float32), Tensor("diff", np.float32))
+
+
+def test_batch_names_a_returned_tuple_by_the_declared_outputs() -> None:
+    @batch
+    def add_sub(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return x + 1, x - 1
+
+    with running_model(outputs=TWO_OUTPUTS):
+        out = add_sub(requests(req(x=[[1.0], [2.0]]), req(x=[[3.0]])))
+    assert [{name: a.ravel().tolist() for name, a in o.items()} for o in out] == [
+        {"sum": [2.0, 3.0], "diff": [0.0, 1.0]},
+        {"sum": [4.0], "diff": [2.0]},
+    ]
+
+
+@pytest.mark.parametrize("returned", [[np.zeros(1)], (np.zeros(1), np.zeros(1), np.zeros(1))])
+def test_a_returned_list_of_the_wrong_length_names_both_counts(returned: Any) -> None:
+    infer = batch(lambda x: returned)
+    count = len(returned)
+    with (
+        running_model(outputs=TWO_OUTPUTS),
+        pytest.raises(OutputMismatchError, match=rf"returned a \w+ of {count} outputs, but the model declares 2 "),
+    ):
+        infer(requests(req(x=[1])))
+
+
+def test_a_returned_list_needs_the_model_to_name_it() -> None:
+    infer = batch(lambda x: [x])
+    with pytest.raises(OutputMismatchError, match=r"named by the model's declared outputs.*set_current_model"):
+        infer(requests(req(x=[1])))
+
+
+def test_sample_pad_batch_and_generators_take_lists_too() -> None:
+    with running_model(max_batch_size=4, outputs=TWO_OUTPUTS):
+        (sampled,) = sample(lambda x: [x, -x])(requests(req(x=[1.0])))
+        assert sampled["diff"].tolist() == [-1.0]
+        padded = pad_batch(lambda x: (x, x * 2))(x=np.ones(3, np.float32))
+        assert {name: len(a) for name, a in padded.items()} == {"sum": 3, "diff": 3}
+
+        @batch
+        def stream(x: np.ndarray) -> Iterator[list[np.ndarray]]:
+            yield [x, x]
+            yield [x + 1, x - 1]
+
+        rounds = list(stream(requests(req(x=[5.0]))))
+    assert [r[0]["diff"].tolist() for r in rounds] == [[5.0], [4.0]]
 
 
 def test_batch_names_the_fix_for_requests_with_different_inputs() -> None:
@@ -282,8 +336,8 @@ def test_sample_calls_once_per_request_with_its_inputs() -> None:
 
 
 def test_sample_rejects_a_return_value_that_is_not_a_dict() -> None:
-    infer = sample(lambda x: [x])
-    with pytest.raises(OutputMismatchError, match=r"@sample.*got list"):
+    infer = sample(lambda x: x)
+    with pytest.raises(OutputMismatchError, match=r"@sample.*got ndarray"):
         infer(requests(req(x=[1])))
 
 
@@ -527,6 +581,20 @@ def test_first_value_strict_rejects_rows_that_differ() -> None:
 
 
 # --- @fill_optionals ------------------------------------------------------------------------------------------
+
+
+def test_first_value_on_a_function_taking_requests_replaces_each_requests_input() -> None:
+    seen = []
+
+    @first_value("t")
+    def infer(batch_: list[Request]) -> list[dict[str, Any]]:
+        seen.extend((r["t"], r.parameters) for r in batch_)
+        return [{"y": r["x"]} for r in batch_]
+
+    first = Request({"x": np.ones(2), "t": np.array([[0.5], [0.5]], np.float32)}, {"p": 1})
+    infer(requests(first, req(x=[1.0], t=[[2.0]])))
+    assert seen == [(np.float32(0.5), {"p": 1}), (2.0, {})]
+    assert isinstance(first["t"], np.ndarray)  # the caller's request is left as it was
 
 
 def test_fill_optionals_repeats_the_default_per_row_outside_a_model_context() -> None:

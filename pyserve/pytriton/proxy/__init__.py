@@ -1,0 +1,1 @@
+"""PyTriton's ``pytriton.proxy``: only its ``types`` module is part of the user's API."""
