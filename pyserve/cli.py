@@ -28,7 +28,15 @@ from pyserve.serve import Serve
 
 logger = logging.getLogger(__name__)
 
-_SERVER_OPTIONS = ("host", "http_port", "grpc_port", "metrics_port", "log_level")
+_SERVER_OPTIONS = (
+    "host",
+    "http_port",
+    "grpc_port",
+    "metrics_port",
+    "log_level",
+    "http_header_forward_pattern",
+    "grpc_header_forward_pattern",
+)
 # tritonserver's model repository options, by ServeConfig field.
 _REPOSITORY_OPTIONS = (
     "model_repository",
@@ -62,6 +70,12 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", type=str.upper, choices=_LOG_LEVELS, help="DEBUG, INFO, WARNING (default) or ERROR"
     )
+    for protocol in ("http", "grpc"):
+        parser.add_argument(
+            f"--{protocol}-header-forward-pattern",
+            metavar="REGEX",
+            help=f"{protocol.upper()} headers whose name matches become request parameters (tritonserver's flag)",
+        )
 
 
 def _add_repository_options(parser: argparse.ArgumentParser) -> None:

@@ -252,3 +252,11 @@ def test_a_missing_model_repository_is_one_line() -> None:
         assert cmd.finish() == 1
     assert "model repository '/no/such/dir' is not a directory" in cmd.output, cmd.output
     assert "Traceback" not in cmd.output, cmd.output
+
+
+def test_header_forward_patterns_are_server_options() -> None:
+    from pyserve.cli import _parser, _server_options
+
+    args = _parser().parse_args(["serve", "app:server", "--http-header-forward-pattern", "x-.*"])
+    assert _server_options(args)["http_header_forward_pattern"] == "x-.*"
+    assert "grpc_header_forward_pattern" not in _server_options(args)
