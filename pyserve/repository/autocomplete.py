@@ -75,7 +75,7 @@ def complete_binding(
     """The tensors and config of a model file bound without a repository (``Serve.bind_model``): what is not given
     is read from the file; its instances are processes."""
     if backend_name == "python" and (inputs is None or outputs is None or config is None):
-        from pyserve.backends.python import describe
+        from pyserve.backends.python_loader import describe
 
         described = describe(model_file)
         if described is not None:

@@ -640,7 +640,7 @@ class TritonPythonModel:
 
 
 def python_model(root: Path, source: str, config: str | None = None) -> Path:
-    pytest.importorskip("pyserve.backends.python", reason="the Python backend reads what a model.py declares")
+    pytest.importorskip("pyserve.backends.python_loader", reason="the Python backend reads what a model.py declares")
     model_dir = write_model(root, config, ())
     (model_dir / "1").mkdir()
     (model_dir / "1" / "model.py").write_text(source)
