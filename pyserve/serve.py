@@ -2,7 +2,7 @@
 
 Serve only wires the pieces and manages their lifetime: it spawns the core process (``python -m pyserve.core``),
 which reports readiness on a pipe; loads each bound model into it over a ZeroMQ control socket; and starts the
-model's instances as threads that connect to the core themselves.
+model's instances as threads that connect to the core themselves (``pyserve.thread_instances``).
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from typing import Any
 import numpy as np
 
 from pyserve.config import ModelConfig, ModelSpec, ServeConfig, Tensor, WorkerKind, as_tensors
-from pyserve.core_process import STOP_TIMEOUT_S, CoreProcess
+from pyserve.core_process import CoreProcess
 from pyserve.ensemble import EnsembleSpec, Step, check_models, spec_lookup
 from pyserve.errors import ConfigError, ModelAlreadyBoundError, ServerError
 from pyserve.inprocess import LocalCaller
+from pyserve.thread_instances import ThreadInstances
 from pyserve.transport.payload import build_payload
 from pyserve.transport.protocol import Load, LoadEnsemble, Serving
 from pyserve.transport.shm import remove_segments
-from pyserve.worker.instance import InstanceRunner
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,6 @@ class _BoundModel:
     spec: ModelSpec
     functions: list[Callable[..., Any]]
     payload: bytes | None = None
-    threads: list[threading.Thread] = dataclasses.field(default_factory=list)
     loaded: bool = False
 
 
@@ -60,9 +59,8 @@ class Serve:
         self._loaded_ensembles: set[tuple[str, int]] = set()
         self._core: CoreProcess | None = None
         self._stop_event = threading.Event()
-        # Thread instances sleep on the read end; stop() closes the write end to wake them (see _wake_fd).
-        self._wake_pipe: tuple[int, int] | None = None
         self._session = f"pyserve-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._threads = ThreadInstances(self._stop_event, self._session)
         self._announced = False
         self._local: LocalCaller | None = None
         self.http_port = 0
@@ -320,21 +318,11 @@ class Serve:
         if self._local is not None:
             self._local.close()
             self._local = None
-        wake = self._wake_pipe
-        self._wake_pipe = None
-        if wake is not None:
-            os.close(wake[1])  # end-of-file on the read end wakes every thread instance
+        self._threads.wake()
         core.stop()
-        stuck = False
+        self._threads.join()
         for bound in self._models.values():
-            for thread in bound.threads:
-                thread.join(STOP_TIMEOUT_S)
-                stuck = stuck or thread.is_alive()
-            bound.threads.clear()
             bound.loaded = False
-        if wake is not None and not stuck:
-            # A thread still inside the user's function polls the read end once it returns: leave it open then.
-            os.close(wake[0])
         self._loaded_ensembles.clear()
         remove_segments(self._session)
         self._core = None
@@ -408,52 +396,8 @@ class Serve:
         reply = self._core_process().request(lambda request_id: Load.build(spec, request_id))
         if reply.error is not None:
             raise ConfigError(reply.error)
-        devices = spec.config.devices
-        ready: list[str | None] = []
-        events: list[threading.Event] = []
-        for index, function in enumerate(bound.functions):
-            event = threading.Event()
-            events.append(event)
-            runner = InstanceRunner(
-                self._core_process().router_address,
-                spec,
-                function,
-                index,
-                self._session,
-                self.config.shm_threshold_bytes,
-                self.config.shm_pool_bytes,
-                device=devices[index % len(devices)] if devices else "cpu",
-                debug_errors=self.config.debug_errors,
-                stage_times=bool(self.config.stage_times),
-                cancel_address=self._core_process().cancel_address,
-            )
-
-            def on_ready(error: str | None, event: threading.Event = event) -> None:
-                ready.append(error)
-                event.set()
-
-            thread = threading.Thread(
-                target=runner.run,
-                args=(self._stop_event, on_ready, (self._wake_fd(),)),
-                name=f"pyserve-{spec.name}-{index}",
-                daemon=True,
-            )
-            thread.start()
-            bound.threads.append(thread)
-        for event in events:
-            if not event.wait(self.config.startup_timeout_s):
-                raise ServerError(f"instances of model '{spec.name}' did not connect to the core in time")
-        errors = [e for e in ready if e]
-        if errors:
-            raise ServerError(f"model '{spec.name}' could not start: {errors[0]}")
+        self._threads.start(spec, bound.functions, self._core_process(), self.config)
         bound.loaded = True
-
-    def _wake_fd(self) -> int:
-        """The read end of the pipe thread instances sleep on: readable (end-of-file) once stop() closes the write
-        end, so an idle instance needs no timer to notice the stop."""
-        if self._wake_pipe is None:
-            self._wake_pipe = os.pipe()
-        return self._wake_pipe[0]
 
     def _load_ensemble(self, ensemble: EnsembleSpec) -> None:
         # The core checks the ensemble again, against the models it serves, before serving it.

@@ -21,7 +21,6 @@ import numpy as np
 import zmq
 
 from pyserve.config import ModelSpec
-from pyserve.dtypes import numpy_dtype
 from pyserve.errors import InferenceError, ModelExecutionError, OutputMismatchError
 from pyserve.request import (
     CancelFlag,
@@ -44,14 +43,13 @@ from pyserve.transport.protocol import (
     MessageKind,
     Refused,
     RequestEntry,
-    TensorDescriptor,
     Welcome,
     kind_of,
 )
 from pyserve.transport.shm import ShmPool, ShmReader
 from pyserve.worker.bls_channel import BlsChannel
 from pyserve.worker.cancel import CancelListener, acquire_listener, release_listener, wait_synced
-from pyserve.wrapping import named_outputs
+from pyserve.worker.outputs import OutputEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -95,10 +93,7 @@ class InstanceRunner:
         self._shm_prefix = f"{shm_prefix}-{uuid.uuid4().hex[:8]}"
         self._shm_threshold = shm_threshold
         self._shm_limit = shm_limit
-        self._outputs = {t.name: t for t in spec.outputs}
-        self._output_names = tuple(self._outputs)
-        # Declared outputs every response must carry (the rest are optional).
-        self._required = tuple(t.name for t in spec.outputs if not t.optional)
+        self._output_encoder = OutputEncoder(spec)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._parent_pid = parent_pid
         # ServeConfig.debug_errors: error messages of failed batches carry the traceback.
@@ -258,7 +253,7 @@ class InstanceRunner:
                 result = self._event_loop().run_until_complete(_await(result))
             computed = time.monotonic_ns()
             writer = FrameWriter(pool, self._shm_threshold)
-            outputs = self._encode(batch, result, writer)
+            outputs = self._output_encoder.encode(batch, result, writer)
         except Exception as exc:
             if spans is not None:
                 spans.fail(exc)
@@ -300,7 +295,7 @@ class InstanceRunner:
                 if isinstance(result, (list, tuple)) and len(result) == len(batch):
                     result = [None if r.is_cancelled else out for r, out in zip(batch, result, strict=True)]
                 writer = FrameWriter(pool, self._shm_threshold)
-                outputs = self._encode(batch, result, writer, allow_none=True)
+                outputs = self._output_encoder.encode(batch, result, writer, allow_none=True)
                 timings = [produced - last, time.monotonic_ns() - produced]
                 reply = BatchResult.build_response(batch_id, outputs, writer.slots, timings)
                 socket.send_multipart([pack_header(reply), *writer.frames], copy=False)
@@ -408,65 +403,6 @@ class InstanceRunner:
             batch.merged = merged
         return batch
 
-    def _encode(self, batch: RequestBatch, result: Any, writer: FrameWriter, allow_none: bool = False) -> list[Any]:
-        if isinstance(result, dict) and len(batch) == 1:
-            result = [result]
-        if not isinstance(result, (list, tuple)) or len(result) != len(batch):
-            got = (
-                f"{type(result).__name__} of length {len(result)}"
-                if isinstance(result, (list, tuple))
-                else type(result).__name__
-            )
-            raise OutputMismatchError(
-                f"model '{self.spec.name}' must return a list with one output dict per request "
-                f"({len(batch)} requests), got {got}"
-            )
-        encoded: list[Any] = []
-        strict = self.spec.strict
-        batching = self.spec.config.max_batch_size > 0
-        for request, outputs in zip(batch, result, strict=True):
-            if outputs is None and allow_none:
-                encoded.append(None)
-                continue
-            if isinstance(outputs, (list, tuple)):
-                # A request's outputs as a list or tuple, in declared order (as PyTriton takes them).
-                outputs = dict(named_outputs(outputs, self._output_names, f"model '{self.spec.name}'"))
-            if not isinstance(outputs, dict):
-                raise OutputMismatchError(
-                    f"model '{self.spec.name}' returned {type(outputs).__name__} for a request; expected a dict "
-                    "of output name -> array (or a list or tuple of arrays in declared order)"
-                )
-            requested = request.requested_output_names
-            # A request naming its outputs needs exactly those; otherwise every declared output not optional.
-            missing = [name for name in (requested or self._required) if name not in outputs]
-            if missing:
-                raise self._missing_error("requested" if requested else "declared", missing, outputs)
-            descriptors: list[TensorDescriptor] = []
-            for name in requested or outputs:
-                declared = self._outputs.get(name)
-                if declared is None:
-                    if strict:
-                        raise OutputMismatchError(
-                            f"model '{self.spec.name}' returned undeclared output '{name}' "
-                            f"(declared: {_quoted(self._outputs)})"
-                        )
-                    continue
-                array = _check_output(
-                    self.spec.name, declared.name, declared.datatype, declared.shape, outputs[name], strict, batching
-                )
-                descriptors.append([name, declared.datatype, list(array.shape), writer.add_array(array)])
-            encoded.append(descriptors)
-        return encoded
-
-    def _missing_error(self, kind: str, missing: list[str], outputs: dict[Any, Any]) -> OutputMismatchError:
-        noun = "output" if len(missing) == 1 else "outputs"
-        returned = _quoted(outputs) or "nothing"
-        undeclared = [name for name in outputs if name not in self._outputs]
-        extra = f"; undeclared: {_quoted(undeclared)}" if undeclared else ""
-        return OutputMismatchError(
-            f"model '{self.spec.name}' did not return {kind} {noun} {_quoted(missing)} (returned: {returned}{extra})"
-        )
-
 
 def instantiate(target: Any, device: str) -> Callable[..., Any]:
     """The callable an instance runs: a class is instantiated here (in the instance's thread or process), and an
@@ -495,36 +431,3 @@ def _teardown(target: Any, model: str) -> None:
 
 async def _await(awaitable: Any) -> Any:
     return await awaitable
-
-
-def _quoted(names: Any) -> str:
-    return ", ".join(f"'{name}'" for name in names)
-
-
-def _check_output(
-    model: str, name: str, datatype: str, dims: tuple[int, ...], value: Any, strict: bool, batching: bool
-) -> np.ndarray:
-    array = value if isinstance(value, np.ndarray) else np.asarray(value)
-    expected = numpy_dtype(datatype)
-    if datatype == "BYTES":
-        if array.dtype.kind not in ("O", "S", "U"):
-            raise OutputMismatchError(
-                f"model '{model}' output '{name}': expected BYTES (bytes/str/object array), got {array.dtype}"
-            )
-    elif array.dtype != expected:
-        if strict:
-            raise OutputMismatchError(f"model '{model}' output '{name}': expected dtype {expected}, got {array.dtype}")
-        try:
-            array = array.astype(expected)
-        except (TypeError, ValueError) as exc:
-            raise OutputMismatchError(
-                f"model '{model}' output '{name}': cannot convert {array.dtype} to {expected}: {exc}"
-            ) from exc
-    if strict:
-        shape = array.shape[1:] if batching else array.shape
-        if len(shape) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, shape, strict=True)):
-            want = ([-1] if batching else []) + list(dims)
-            raise OutputMismatchError(
-                f"model '{model}' output '{name}': expected shape {want}, got {list(array.shape)}"
-            )
-    return array

@@ -20,6 +20,7 @@ PACKAGE_DIR = Path(pyserve.__file__).resolve().parent
 SHARED = frozenset(
     {
         "pyserve.config",
+        "pyserve.server_config",
         "pyserve.dtypes",
         "pyserve.errors",
         "pyserve.request",
@@ -40,7 +41,19 @@ MAY_IMPORT_ONLY: dict[str, frozenset[str]] = {
 }
 # Layers that may import anything below them but never the areas listed.
 MUST_NOT_IMPORT: dict[str, frozenset[str]] = {
-    "pyserve.core": frozenset({"pyserve.frontends", "pyserve.worker", "pyserve.serve", "pyserve.cli"}),
+    "pyserve.core": frozenset(
+        {
+            "pyserve.frontends",
+            "pyserve.worker",
+            "pyserve.serve",
+            "pyserve.cli",
+            "pyserve.core_process",
+            "pyserve.inprocess",
+            "pyserve.thread_instances",
+            "pyserve.client",
+            "pyserve.pytriton",
+        }
+    ),
     "pyserve.frontends": frozenset({"pyserve.worker", "pyserve.serve", "pyserve.cli"}),
     # A repository is read by the core (and Serve.bind_model); backends run in instances and know neither.
     "pyserve.repository": frozenset({"pyserve.core", "pyserve.frontends", "pyserve.serve", "pyserve.cli"}),
@@ -275,7 +288,7 @@ def test_a_layer_violation_names_the_edge_and_the_rule() -> None:
         "pyserve.errors -> pyserve.transport.shm (a shared definition imports only other shared definitions)",
         "pyserve.worker.instance -> pyserve.core.tracing (pyserve.worker may import only pyserve.config, "
         "pyserve.decorators, pyserve.devices, pyserve.dtypes, pyserve.ensemble, pyserve.errors, pyserve.grouping, "
-        "pyserve.request, pyserve.telemetry, pyserve.transport, pyserve.wrapping)",
+        "pyserve.request, pyserve.server_config, pyserve.telemetry, pyserve.transport, pyserve.wrapping)",
     ]
 
 

@@ -1,0 +1,138 @@
+"""Serve's control requests to the core and their replies: ``load``, ``load_ensemble``, ``unload``, ``serving``,
+``shutdown``; ``ok`` / ``error``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyserve.config import ModelSpec
+from pyserve.transport.protocol.message import Header, Message, MessageKind
+
+
+class ControlRequest(Message):
+    """Serve -> core: a control request; the core answers it with a ``ControlReply`` of the same request id."""
+
+    __slots__ = ("request_id",)
+
+    request_id: int
+    """The id the reply carries."""
+
+    def __init__(self, header: Header) -> None:
+        self.request_id = header["rid"]
+
+
+class Load(ControlRequest):
+    """Serve -> core: load a model version. With a payload its instances are processes the core starts, and the
+    core answers once all of them joined."""
+
+    __slots__ = ("_spec", "payload")
+    KIND = MessageKind.LOAD
+
+    payload: bytes | None
+    """The pickled functions of process instances; None for thread instances (Serve starts them)."""
+
+    def __init__(self, header: Header) -> None:
+        super().__init__(header)
+        self._spec: dict[str, Any] = header["spec"]
+        self.payload = header.get("payload")
+
+    @staticmethod
+    def build(spec: ModelSpec, request_id: int, payload: bytes | None = None) -> Header:
+        """The message (fields: see the class)."""
+        header: Header = {"t": "load", "spec": spec.to_wire(), "rid": request_id}
+        if payload is not None:
+            header["payload"] = payload
+        return header
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The model version's spec."""
+        return ModelSpec.from_wire(self._spec)
+
+
+class LoadEnsemble(ControlRequest):
+    """Serve -> core: load an ensemble."""
+
+    __slots__ = ("ensemble",)
+    KIND = MessageKind.LOAD_ENSEMBLE
+
+    ensemble: dict[str, Any]
+    """The ensemble as ``EnsembleSpec.to_wire()`` describes it (that module lies above this one)."""
+
+    def __init__(self, header: Header) -> None:
+        super().__init__(header)
+        self.ensemble = header["spec"]
+
+    @staticmethod
+    def build(ensemble: dict[str, Any], request_id: int) -> Header:
+        """The message (fields: see the class)."""
+        return {"t": "load_ensemble", "spec": ensemble, "rid": request_id}
+
+
+class Unload(ControlRequest):
+    """Serve -> core: unload a model version (its queued requests fail, its instances stop)."""
+
+    __slots__ = ("name", "version")
+    KIND = MessageKind.UNLOAD
+
+    name: str
+    version: int
+
+    def __init__(self, header: Header) -> None:
+        super().__init__(header)
+        self.name = header["name"]
+        self.version = header["version"]
+
+    @staticmethod
+    def build(name: str, version: int, request_id: int) -> Header:
+        """The message (fields: see the class)."""
+        return {"t": "unload", "name": name, "version": version, "rid": request_id}
+
+
+class Serving(ControlRequest):
+    """Serve -> core: what was bound before start is loaded; from now on readiness is the models' own."""
+
+    __slots__ = ()
+    KIND = MessageKind.SERVING
+
+    @staticmethod
+    def build(request_id: int) -> Header:
+        """The message (a request id only)."""
+        return {"t": "serving", "rid": request_id}
+
+
+class Shutdown(ControlRequest):
+    """Serve -> core: stop the core."""
+
+    __slots__ = ()
+    KIND = MessageKind.SHUTDOWN
+
+    @staticmethod
+    def build(request_id: int) -> Header:
+        """The message (a request id only)."""
+        return {"t": "shutdown", "rid": request_id}
+
+
+class ControlReply(Message):
+    """core -> Serve: the answer to a control request, ``ok`` or ``error``."""
+
+    __slots__ = ("error", "request_id")
+
+    request_id: int
+    """The id of the request answered."""
+    error: str | None
+    """Why the request failed; None when it succeeded."""
+
+    def __init__(self, header: Header) -> None:
+        self.request_id = header["rid"]
+        self.error = header["message"] if header["t"] == "error" else None
+
+    @staticmethod
+    def build_ok(request_id: int) -> Header:
+        """The request succeeded."""
+        return {"t": "ok", "rid": request_id}
+
+    @staticmethod
+    def build_error(request_id: int, message: str) -> Header:
+        """The request failed; ``message`` says why."""
+        return {"t": "error", "rid": request_id, "message": message}
