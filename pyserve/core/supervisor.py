@@ -134,6 +134,7 @@ class Supervisor:
         loop: asyncio.AbstractEventLoop,
         debug_errors: bool = False,
         stage_times: bool = False,
+        spin_us: int = 0,
         cancel_address: str = "",
     ) -> None:
         self.router_address = router_address
@@ -143,6 +144,7 @@ class Supervisor:
         self._on_exit = on_exit
         self.debug_errors = debug_errors
         self.stage_times = stage_times
+        self.spin_us = spin_us
         self.cancel_address = cancel_address
         self.workers: list[WorkerProcess] = []
         self._loop = loop
@@ -179,6 +181,8 @@ class Supervisor:
         ]
         if self.debug_errors:
             command.append("--debug-errors")
+        if self.spin_us:
+            command += ["--spin-us", str(self.spin_us)]
         if self.stage_times:
             command.append("--stage-times")
         if self.cancel_address:

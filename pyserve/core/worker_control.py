@@ -125,6 +125,7 @@ class WorkerControl:
             loop,
             debug_errors=config.debug_errors,
             stage_times=bool(config.stage_times),
+            spin_us=config.worker_spin_us,
             cancel_address=self._batches.cancel_address,
         )
 

@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument("--parent-fd", type=int, default=-1, help="pipe that reaches end-of-file when the core dies")
     parser.add_argument("--debug-errors", action="store_true", help="send tracebacks to clients (ServeConfig)")
     parser.add_argument("--stage-times", action="store_true", help="stamp each batch's stages (ServeConfig)")
+    parser.add_argument("--spin-us", type=int, default=0, help="poll this long for the next batch (ServeConfig)")
     parser.add_argument("--cancel", default="", help="the core's cancel publisher, subscribed to before the hello")
     args = parser.parse_args()
     # The core exports its log settings to the processes it spawns.
@@ -73,6 +74,7 @@ def main() -> None:
         parent_pid=args.parent_pid,
         debug_errors=args.debug_errors,
         stage_times=args.stage_times,
+        spin_us=args.spin_us,
         cancel_address=args.cancel,
     )
     runner.run(stop, on_ready, wake_fds)

@@ -72,11 +72,14 @@ class InstanceRunner:
         debug_errors: bool = False,
         stage_times: bool = False,
         cancel_address: str = "",
+        spin_us: int = 0,
     ) -> None:
         self.address = address
         # The core's cancel publisher: the instance subscribes (and waits for the confirmation) before its hello,
         # so once the core counts it as connected no cancel of its batches can be lost.
         self._cancel_address = cancel_address
+        # After a batch, a process instance polls for the next one this long before sleeping (ServeConfig).
+        self._spin_ns = spin_us * 1000 if kind == "process" else 0
         self.spec = spec
         self.infer_func = infer_func
         self.instance = instance
@@ -150,6 +153,8 @@ class InstanceRunner:
                     try:
                         frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
+                        if self._spin_ns and _spun_for_input(socket, self._spin_ns):
+                            continue
                         if any(ready is not socket for ready, _ in poller.poll()):
                             return  # a wake fd is readable: stop
                         continue
@@ -416,6 +421,15 @@ def instantiate(target: Any, device: str) -> Callable[..., Any]:
     if not callable(target):
         raise TypeError(f"the bound object {target!r} is not callable: define __call__(self, requests)")
     return target  # type: ignore[no-any-return]
+
+
+def _spun_for_input(socket: zmq.Socket[Any], spin_ns: int) -> bool:
+    """Poll ``socket`` without sleeping for up to ``spin_ns``; whether input arrived meanwhile."""
+    end = time.monotonic_ns() + spin_ns
+    while time.monotonic_ns() < end:
+        if socket.poll(0):
+            return True
+    return False
 
 
 def _teardown(target: Any, model: str) -> None:

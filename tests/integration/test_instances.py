@@ -309,3 +309,31 @@ def test_a_core_is_not_ready_before_serve_has_loaded_its_models() -> None:
         assert ready_status(server.http_port) == 200
     finally:
         server.stop()
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        fields = handle.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def identity_batch(requests: list[Request]) -> list[dict[str, np.ndarray]]:
+    return [{"OUTPUT0": request["INPUT0"]} for request in requests]
+
+
+def test_worker_spin_reaches_process_instances_and_stops_when_idle() -> None:
+    config = ServeConfig(http_port=0, grpc_port=0, metrics_port=0, worker_spin_us=300)
+    with Serve(config) as server:
+        out = [Tensor("OUTPUT0", np.float32, (-1,))]
+        server.bind("spinning", identity_batch, FP32_IN, out, ModelConfig(max_batch_size=4, worker="process"))
+        x = np.ones((1, 3), np.float32)
+        for _ in range(50):
+            np.testing.assert_array_equal(server.infer("spinning", {"INPUT0": x})["OUTPUT0"], x)
+        assert server._core is not None
+        (worker,) = _worker_processes(server._core.pid)
+        with open(f"/proc/{worker}/cmdline", "rb") as handle:
+            command = handle.read().split(b"\0")
+        assert command[command.index(b"--spin-us") + 1] == b"300"
+        before = _cpu_seconds(worker)
+        time.sleep(1.0)
+        assert _cpu_seconds(worker) - before < 0.05  # it spins after a batch only, never while idle
