@@ -26,7 +26,7 @@ import numpy as np
 from pyserve.config import ModelConfig, ModelSpec, ServeConfig, Tensor, WorkerKind, as_tensors
 from pyserve.core_process import CoreProcess
 from pyserve.ensemble import EnsembleSpec, Step, check_models, spec_lookup
-from pyserve.errors import ConfigError, ModelAlreadyBoundError, ServerError
+from pyserve.errors import ConfigError, ModelAlreadyBoundError, PyServeError, ServerError
 from pyserve.inprocess import LocalCaller
 from pyserve.thread_instances import ThreadInstances
 from pyserve.transport.payload import build_payload
@@ -286,7 +286,12 @@ class Serve:
 
     def serve(self) -> None:
         """Run and block until Ctrl+C, SIGTERM or the core process exits; then stop."""
-        self.run()
+        try:
+            self.run()
+        except PyServeError:
+            if self._stop_event.is_set():
+                return  # stop() from another thread while this one was still starting: nothing to serve
+            raise
         handled = (signal.SIGINT, signal.SIGTERM)
         in_main = threading.current_thread() is threading.main_thread()
         previous = {signum: signal.getsignal(signum) for signum in handled} if in_main else {}

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -342,3 +343,35 @@ def test_shared_memory_is_removed_when_the_parent_is_killed(killed_parent: Kille
 
 def test_ipc_directory_is_removed_when_the_parent_is_killed(killed_parent: KilledParent) -> None:
     assert not killed_parent.runtime_dir_left
+
+
+class SlowToSetUp:
+    """A factory-form model whose setup takes a while: the server is still starting when it is stopped."""
+
+    def setup(self, device: str) -> None:
+        time.sleep(1.0)
+
+    def __call__(self, requests: list[Any]) -> list[dict[str, np.ndarray]]:
+        return [{"OUTPUT0": request["INPUT0"]} for request in requests]
+
+
+def test_stop_from_another_thread_while_serve_is_starting_ends_serve_quietly() -> None:
+    s = Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0))
+    tensors = [Tensor("INPUT0", np.float32, (-1,))], [Tensor("OUTPUT0", np.float32, (-1,))]
+    s.bind("slow_setup", SlowToSetUp, *tensors, config=ModelConfig(max_batch_size=4))
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            s.serve()
+        except BaseException as exc:  # what would reach the thread's excepthook
+            errors.append(exc)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not s.is_running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    s.stop()  # the instance is still in setup(): serve() is inside run()
+    thread.join(30)
+    assert not thread.is_alive() and not errors, errors
