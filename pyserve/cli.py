@@ -36,6 +36,9 @@ _SERVER_OPTIONS = (
     "log_level",
     "http_header_forward_pattern",
     "grpc_header_forward_pattern",
+    "allow_http",
+    "allow_grpc",
+    "allow_metrics",
 )
 # tritonserver's model repository options, by ServeConfig field.
 _REPOSITORY_OPTIONS = (
@@ -70,6 +73,13 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", type=str.upper, choices=_LOG_LEVELS, help="DEBUG, INFO, WARNING (default) or ERROR"
     )
+    for front_end in ("http", "grpc", "metrics"):
+        parser.add_argument(
+            f"--allow-{front_end}",
+            type=_boolean,
+            metavar="true|false",
+            help=f"false turns the {front_end} front end off (tritonserver's flag; default true)",
+        )
     for protocol in ("http", "grpc"):
         parser.add_argument(
             f"--{protocol}-header-forward-pattern",

@@ -354,7 +354,17 @@ class Serve:
         return f"http://{self.config.host}:{self.metrics_port}/metrics"
 
     def _endpoints(self) -> str:
-        return f"HTTP on {self.url}, gRPC on {self.grpc_address}, metrics on {self.metrics_url}"
+        config = self.config
+        served = [
+            f"{name} on {where}"
+            for name, where, on in (
+                ("HTTP", self.url, config.allow_http),
+                ("gRPC", self.grpc_address, config.allow_grpc),
+                ("metrics", self.metrics_url, config.allow_metrics),
+            )
+            if on
+        ]
+        return ", ".join(served)
 
     def __enter__(self) -> Serve:
         try:

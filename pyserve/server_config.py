@@ -17,7 +17,9 @@ from pyserve.errors import ConfigError
 class ServeConfig:
     """Server-wide settings. Every field can be overridden by the environment variable ``PYSERVE_<FIELD>``.
 
-    Ports of 0 pick a free port; the chosen ports are on ``Serve.http_port`` etc. once running.
+    Ports of 0 pick a free port; the chosen ports are on ``Serve.http_port`` etc. once running. ``allow_http``,
+    ``allow_grpc`` and ``allow_metrics`` (tritonserver's ``--allow-http`` ...) turn a front end off: it does not listen
+    and its port stays 0; at least one of HTTP and gRPC must be on.
 
     Observability (docs/monitoring.md): ``metrics_summaries`` adds Triton's latency summaries (quantiles over
     the last minute) and ``metrics_histograms`` the latency histograms, both observed per request;
@@ -89,8 +91,13 @@ class ServeConfig:
     restricted_api: str = ""
     http_header_forward_pattern: str = ""
     grpc_header_forward_pattern: str = ""
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
 
     def __post_init__(self) -> None:
+        if not (self.allow_http or self.allow_grpc):
+            raise ConfigError("allow_http and allow_grpc are both off: a server needs HTTP or gRPC to be called")
         for name in ("load_model", "repository_hooks"):
             value = getattr(self, name)
             object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))

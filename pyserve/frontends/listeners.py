@@ -39,11 +39,15 @@ class Listeners:
     async def start(self, core: CoreApi, config: ServeConfig) -> None:
         """Start the front ends of ``core``; if one cannot start, close those already started and raise."""
         try:
-            self._http, self.http_port = await _listen("HTTP", config, "http_port", start_http_server(core, config))
-            self._grpc, self.grpc_port = await _listen("gRPC", config, "grpc_port", start_grpc_server(core, config))
-            self._metrics, self.metrics_port = await _listen(
-                "metrics", config, "metrics_port", start_metrics_server(core, config)
-            )
+            # A front end turned off (ServeConfig.allow_http / allow_grpc / allow_metrics) does not listen: port 0.
+            if config.allow_http:
+                self._http, self.http_port = await _listen("HTTP", config, "http_port", start_http_server(core, config))
+            if config.allow_grpc:
+                self._grpc, self.grpc_port = await _listen("gRPC", config, "grpc_port", start_grpc_server(core, config))
+            if config.allow_metrics:
+                self._metrics, self.metrics_port = await _listen(
+                    "metrics", config, "metrics_port", start_metrics_server(core, config)
+                )
         except BaseException:
             await self.close()
             raise

@@ -208,9 +208,7 @@ def to_serve_config(config: TritonConfig) -> ServeConfig:
     values.update(_addresses(config))
     for kind, field in _PORTS.items():
         if getattr(config, f"allow_{kind}") is False:
-            # pyserve always serves all three; a free port keeps the one turned off out of the way.
-            logger.warning("TritonConfig.allow_%s=False: pyserve serves %s anyway, on a free port", kind, kind)
-            values[field] = 0
+            values[f"allow_{kind}"] = False
         elif getattr(config, field) is not None:
             values[field] = getattr(config, field)
     for protocol in ("http", "grpc"):

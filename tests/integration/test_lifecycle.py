@@ -375,3 +375,20 @@ def test_stop_from_another_thread_while_serve_is_starting_ends_serve_quietly() -
     s.stop()  # the instance is still in setup(): serve() is inside run()
     thread.join(30)
     assert not thread.is_alive() and not errors, errors
+
+
+def test_front_ends_turned_off_do_not_listen() -> None:
+    config = ServeConfig(http_port=0, grpc_port=0, metrics_port=0, allow_http=False, allow_metrics=False)
+    with Serve(config) as s:
+        s.bind("identity", SlowToSetUp, [Tensor("INPUT0", np.float32, (-1,))], [Tensor("OUTPUT0", np.float32, (-1,))])
+        assert s.http_port == 0 and s.metrics_port == 0 and s.grpc_port > 0
+        import tritonclient.grpc as triton_grpc
+
+        client = triton_grpc.InferenceServerClient(s.grpc_address)
+        try:
+            assert client.is_server_ready() and client.is_model_ready("identity")
+        finally:
+            client.close()
+        np.testing.assert_array_equal(s.infer("identity", {"INPUT0": np.ones(3, np.float32)})["OUTPUT0"], np.ones(3))
+    with pytest.raises(ConfigError, match="allow_http and allow_grpc are both off"):
+        ServeConfig(allow_http=False, allow_grpc=False)

@@ -98,11 +98,10 @@ def test_different_addresses_are_refused() -> None:
         to_serve_config(TritonConfig(http_address="127.0.0.1", grpc_address="0.0.0.0"))
 
 
-def test_a_front_end_turned_off_moves_to_a_free_port(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="pyserve.pytriton"):
-        served = to_serve_config(TritonConfig(allow_grpc=False, allow_metrics=False, grpc_port=9001))
-    assert (served.grpc_port, served.metrics_port, served.http_port) == (0, 0, 8000)
-    assert "allow_grpc=False: pyserve serves grpc anyway, on a free port" in caplog.text
+def test_a_front_end_turned_off_is_turned_off() -> None:
+    served = to_serve_config(TritonConfig(allow_grpc=False, allow_metrics=False, grpc_port=9001))
+    assert (served.allow_http, served.allow_grpc, served.allow_metrics) == (True, False, False)
+    assert served.http_port == 8000
     with pytest.raises(ConfigError, match="HTTP or the gRPC endpoint has to be allowed"):
         TritonConfig(allow_http=False, allow_grpc=False)
 
