@@ -198,11 +198,21 @@ _BY_NAME: dict[str, type[InferenceError]] = {
 }
 
 
+# Names the error's class beside Triton's error shape: an HTTP header of an error answer, a gRPC call's trailing
+# metadata. Triton's clients ignore it; pyserve's client rebuilds the exact class from it.
+ERROR_KIND_HEADER = "pyserve-error-kind"
+
+
 def error_kind(error: InferenceError) -> str:
     """The name used to carry an error across a process boundary."""
     return type(error).__name__
 
 
+def error_class(kind: str) -> type[InferenceError] | None:
+    """The class error_kind() named, or None for a name it never gives."""
+    return _BY_NAME.get(kind)
+
+
 def error_from_kind(kind: str, message: str) -> InferenceError:
     """Rebuild an error sent across a process boundary by error_kind()."""
-    return _BY_NAME.get(kind, InferenceError)(message)
+    return (error_class(kind) or InferenceError)(message)

@@ -163,9 +163,7 @@ class AsyncGrpcTransport:
                 data = await method(call.request, timeout=max(deadline - loop.time(), 0.0), metadata=call.metadata)
                 return grpc_call.parse(data)
             except grpc.aio.AioRpcError as exc:
-                error = rpc_error(
-                    exc.code().name, exc.details() or "", call.what, timeout_s, self.address, call.repository
-                )
+                error = rpc_error(exc, call.what, timeout_s, self.address, call.repository)
                 if isinstance(error, ServerUnreachableError) and attempt == 1 and await self._reconnected(deadline):
                     continue
                 return answer_or_raise(grpc_call, error)
@@ -187,7 +185,7 @@ class AsyncGrpcTransport:
                     except asyncio.TimeoutError:
                         raise ClientTimeoutError(timeout_message(call.what, timeout_s, "response")) from None
                     except grpc.aio.AioRpcError as exc:
-                        error = rpc_error(exc.code().name, exc.details() or "", call.what, timeout_s, self.address)
+                        error = rpc_error(exc, call.what, timeout_s, self.address)
                         unreachable = isinstance(error, ServerUnreachableError) and attempt == 1 and not started
                         if unreachable and await self._reconnected(loop.time() + RECONNECT_GRACE_S):
                             break  # nothing came back: send it once more

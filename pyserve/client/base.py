@@ -177,7 +177,7 @@ class ClientBase:
                     return
                 last = "it answers not ready"
             except (ServerUnreachableError, ClientTimeoutError) as exc:
-                last = str(exc)
+                last = _last_failure(last, exc)
             yield from self._pause(deadline, f"the server at {self._address} was not ready", timeout_s, last)
 
     def _wait_for_model_flow(self, timeout_s: float) -> Flow[None]:
@@ -190,7 +190,7 @@ class ClientBase:
                     return
                 last = "it answers not ready (or unknown)"
             except (ServerUnreachableError, ClientTimeoutError) as exc:
-                last = str(exc)
+                last = _last_failure(last, exc)
             yield from self._pause(deadline, f"model '{self._model_name}' was not ready", timeout_s, last)
 
     def _config_flow(self) -> Flow[RemoteModelConfig]:
@@ -319,3 +319,11 @@ class ClientBase:
 def _left(deadline: float) -> float:
     # A call always gets a little time, so a deadline that just passed still gives a clear answer or timeout.
     return max(deadline - time.monotonic(), 0.001)
+
+
+def _last_failure(last: str, error: Exception) -> str:
+    """What to report of a wait's attempts: a timeout (often the last attempt cut short by the deadline) does not
+    hide a more telling failure seen before it, such as a refused connection."""
+    if isinstance(error, ClientTimeoutError) and last != "no answer":
+        return last
+    return str(error)

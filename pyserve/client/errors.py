@@ -1,10 +1,12 @@
 """The server's answers turned back into pyserve's errors (the client's own errors, ``ClientError`` and its
 subclasses, are in ``pyserve.errors`` with the rest of the tree).
 
-A server answers an error with an HTTP status or a gRPC code and a message, nothing more. ``server_error`` rebuilds
-the ``pyserve.errors`` class the server raised from the status (each class's ``http_status``/``grpc_code``), and
-where several classes share one status (503 is a full queue, a model not ready or a queue timeout) from the words
-pyserve's and Triton's messages use. The message is the server's, unchanged.
+pyserve's server names the class it raised (``pyserve.errors.ERROR_KIND_HEADER``, an HTTP header or gRPC trailing
+metadata), and ``server_error`` rebuilds exactly that class. Without it (Triton, PyTriton, an error inside a stream)
+an answer is an HTTP status or a gRPC code and a message, nothing more: the class comes from the status (each
+class's ``http_status``/``grpc_code``), and where several classes share one status (503 is a full queue, a model
+not ready or a queue timeout) from the words pyserve's and Triton's messages use. The message is the server's,
+unchanged.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pyserve.errors import (
     QueueFullError,
     RequestTimeoutError,
     WorkerDiedError,
+    error_class,
 )
 
 # Where several of pyserve's errors share a status, the one it stands for unless a message hint picks another.
@@ -59,10 +62,15 @@ _HINTS: tuple[tuple[type[InferenceError], re.Pattern[str]], ...] = (
 )
 
 
-def server_error(status: int | str | None, message: str, *, repository: bool = False) -> InferenceError:
+def server_error(
+    status: int | str | None, message: str, *, repository: bool = False, kind: str | None = None
+) -> InferenceError:
     """The pyserve error for a server's answer: ``status`` is the HTTP status (int), the gRPC code's name (str) or
-    None (an error inside a stream, which carries only its message). ``repository`` marks a load or unload call,
-    whose invalid-argument answers are ModelLoadError."""
+    None (an error inside a stream, which carries only its message); ``kind`` the class the server named, if any.
+    ``repository`` marks a load or unload call, whose invalid-argument answers are ModelLoadError."""
+    named = None if kind is None else error_class(kind)
+    if named is not None:
+        return named(message)
     for cls, pattern in _HINTS:
         if _has_status(cls, status) and pattern.search(message):
             return cls(message)

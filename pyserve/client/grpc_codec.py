@@ -26,7 +26,14 @@ from pyserve.client.model import (
     tensor_bytes,
     wire_datatype,
 )
-from pyserve.errors import ClientError, ClientTimeoutError, InferenceError, PyServeError, ServerUnreachableError
+from pyserve.errors import (
+    ERROR_KIND_HEADER,
+    ClientError,
+    ClientTimeoutError,
+    InferenceError,
+    PyServeError,
+    ServerUnreachableError,
+)
 from pyserve.frontends.grpc_codec import encode_varint, set_parameter
 from pyserve.frontends.protocol import grpc_service_pb2 as pb
 from pyserve.frontends.shared_memory import REGION
@@ -240,16 +247,18 @@ def _parse_stream_message(data: bytes) -> tuple[Outputs | None, bool]:
     return (_outputs(response) if response.outputs else None), final
 
 
-def rpc_error(
-    code: str, details: str, what: str, timeout_s: float, address: ServerAddress, repository: bool = False
-) -> PyServeError:
-    """The error for a failed gRPC call (``code`` is the status code's name): the client's own deadline or a
-    missing connection, else the server's answer mapped to pyserve's error class."""
+def rpc_error(exc: Any, what: str, timeout_s: float, address: ServerAddress, repository: bool = False) -> PyServeError:
+    """The error for a failed gRPC call (``exc``, a grpc.RpcError or grpc.aio.AioRpcError): the client's own
+    deadline or a missing connection, else the server's answer mapped to pyserve's error class (the one named in
+    its trailing metadata, where pyserve's server put it)."""
+    code: str = exc.code().name
+    details: str = exc.details() or ""
     if code == "DEADLINE_EXCEEDED" and details in ("", "Deadline Exceeded"):
         return ClientTimeoutError(timeout_message(what, timeout_s))
     if code == "UNAVAILABLE" and _NO_CONNECTION.search(details):
         return ServerUnreachableError(str(address), details)
-    return server_error(code, details or code, repository=repository)
+    kind = next((str(value) for key, value in exc.trailing_metadata() or () if key == ERROR_KIND_HEADER), None)
+    return server_error(code, details or code, repository=repository, kind=kind)
 
 
 def answer_or_raise(call: GrpcCall[T], error: PyServeError) -> T:

@@ -32,7 +32,7 @@ from pyserve.client.model import (
     wire_datatype,
 )
 from pyserve.dtypes import as_bytes_array
-from pyserve.errors import ClientError, InferenceError, UnsupportedError
+from pyserve.errors import ERROR_KIND_HEADER, ClientError, InferenceError, UnsupportedError
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
 # Compressing a response costs the server more than it saves on loopback or a LAN.
@@ -45,8 +45,9 @@ def model_path(name: str, version: str | None) -> str:
     return f"{path}/versions/{quote(version, safe='')}" if version else path
 
 
-def error_of(status: int, body: bytes, repository: bool = False) -> InferenceError:
-    """The pyserve error of a non-200 answer (Triton's ``{"error": "..."}`` body, or whatever text came)."""
+def error_of(status: int, headers: Mapping[str, str], body: bytes, repository: bool = False) -> InferenceError:
+    """The pyserve error of a non-200 answer (Triton's ``{"error": "..."}`` body, or whatever text came; the class
+    pyserve's server names in a header)."""
     message = body.decode("utf-8", errors="replace")
     try:
         doc = orjson.loads(body)
@@ -55,7 +56,8 @@ def error_of(status: int, body: bytes, repository: bool = False) -> InferenceErr
     else:
         if isinstance(doc, dict) and isinstance(doc.get("error"), str):
             message = doc["error"]
-    return server_error(status, message or f"HTTP status {status}", repository=repository)
+    kind = headers.get(ERROR_KIND_HEADER)
+    return server_error(status, message or f"HTTP status {status}", repository=repository, kind=kind)
 
 
 class HttpCodec:
@@ -79,7 +81,7 @@ class HttpCodec:
 
         def parse(status: int, headers: Mapping[str, str], body: bytes) -> RemoteModelConfig:
             if status != 200:
-                raise error_of(status, body)
+                raise error_of(status, headers, body)
             return RemoteModelConfig.from_json(_json(body, f"the configuration of model '{name}'"), name, version)
 
         path = f"{model_path(name, version)}/config"
@@ -187,12 +189,12 @@ def _ok(status: int, headers: Mapping[str, str], body: bytes) -> bool:
 
 def _parse_done(status: int, headers: Mapping[str, str], body: bytes) -> None:
     if status != 200:
-        raise error_of(status, body, repository=True)
+        raise error_of(status, headers, body, repository=True)
 
 
 def _parse_ok(status: int, headers: Mapping[str, str], body: bytes) -> None:
     if status != 200:
-        raise error_of(status, body)
+        raise error_of(status, headers, body)
 
 
 def _json(data: bytes | memoryview, what: str) -> dict[str, Any]:
@@ -207,7 +209,7 @@ def _json(data: bytes | memoryview, what: str) -> dict[str, Any]:
 
 def _parse_infer(status: int, headers: Mapping[str, str], body: bytes, regions: TensorsInRegion | None) -> Outputs:
     if status != 200:
-        raise error_of(status, body)
+        raise error_of(status, headers, body)
     view = memoryview(body)
     length = headers.get("inference-header-content-length")
     header_length = len(view) if length is None else int(length)
@@ -236,7 +238,7 @@ def _stream_error(status: int, body: bytes) -> Exception:
     text = body.strip()
     if text.startswith(b"data:"):
         text = text[len(b"data:") :].split(b"\n\n", 1)[0].strip()
-    return error_of(status, text)
+    return error_of(status, {}, text)
 
 
 def _rows(config: RemoteModelConfig, request: InferRequest) -> int | None:

@@ -179,9 +179,7 @@ class GrpcTransport:
                 data = method(call.request, timeout=max(deadline - time.monotonic(), 0.0), metadata=call.metadata)
                 return grpc_call.parse(data)
             except grpc.RpcError as exc:
-                error = rpc_error(
-                    exc.code().name, exc.details() or "", call.what, timeout_s, self.address, call.repository
-                )
+                error = rpc_error(exc, call.what, timeout_s, self.address, call.repository)
                 if isinstance(error, ServerUnreachableError) and attempt == 1 and self._reconnected(deadline):
                     continue
                 return answer_or_raise(grpc_call, error)
@@ -207,7 +205,7 @@ class GrpcTransport:
                     except queue.Empty:
                         raise ClientTimeoutError(timeout_message(call.what, timeout_s, "response")) from None
                     if isinstance(item, grpc.RpcError):
-                        error = rpc_error(item.code().name, item.details() or "", call.what, timeout_s, self.address)
+                        error = rpc_error(item, call.what, timeout_s, self.address)
                         unreachable = isinstance(error, ServerUnreachableError) and attempt == 1 and not started
                         if unreachable and self._reconnected(time.monotonic() + RECONNECT_GRACE_S):
                             break  # nothing came back: send it once more

@@ -26,7 +26,14 @@ from pyserve.config import ServeConfig, header_pattern
 from pyserve.core.api import CoreApi
 from pyserve.core.infer_call import build_request, forward_headers
 from pyserve.core.inference import InferenceRequest, InferenceResponse, ModelEntry
-from pyserve.errors import InferenceError, InvalidInputError, ModelNotFoundError, UnsupportedError
+from pyserve.errors import (
+    ERROR_KIND_HEADER,
+    InferenceError,
+    InvalidInputError,
+    ModelNotFoundError,
+    UnsupportedError,
+    error_kind,
+)
 from pyserve.frontends.common import EXTENSIONS, SERVER_NAME, SERVER_VERSION
 from pyserve.frontends.grpc_codec import (
     decode_infer_call,
@@ -50,8 +57,11 @@ _MAX_MESSAGE_BYTES = (1 << 31) - 1
 Context = Any
 
 
-def _status(error: InferenceError) -> grpc.StatusCode:
-    return grpc.StatusCode[error.grpc_code]
+async def _abort(context: Context, error: InferenceError) -> None:
+    """End the call with the error's status; its kind rides in the trailing metadata for pyserve's client."""
+    await context.abort(
+        grpc.StatusCode[error.grpc_code], str(error), trailing_metadata=((ERROR_KIND_HEADER, error_kind(error)),)
+    )
 
 
 class GrpcFrontend:
@@ -154,7 +164,7 @@ class GrpcFrontend:
                 result = function(request)
                 return await result if inspect.isawaitable(result) else result
             except InferenceError as exc:
-                await context.abort(_status(exc), str(exc))
+                await _abort(context, exc)
             except Exception as exc:
                 logger.exception("unexpected error in a gRPC call")
                 await context.abort(grpc.StatusCode.INTERNAL, f"internal server error: {exc}")
@@ -353,7 +363,7 @@ class GrpcFrontend:
                 request.traceparent = _traceparent(context)
             self.core.submit(request)
         except InferenceError as exc:
-            await context.abort(_status(exc), str(exc))
+            await _abort(context, exc)
         except Exception as exc:
             logger.exception("unexpected error handling ModelInfer")
             await context.abort(grpc.StatusCode.INTERNAL, f"internal server error: {exc}")
@@ -363,7 +373,7 @@ class GrpcFrontend:
             self.core.cancel(request)
             raise
         except InferenceError as exc:
-            await context.abort(_status(exc), str(exc))
+            await _abort(context, exc)
         raise AssertionError("unreachable")  # abort() raises
 
     async def _model_stream_infer(self, requests: AsyncIterator[bytes], context: Context) -> None:

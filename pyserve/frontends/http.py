@@ -32,6 +32,7 @@ from pyserve.errors import (
     ModelNotFoundError,
     PayloadTooLargeError,
     UnsupportedError,
+    error_kind,
 )
 from pyserve.frontends.common import EXTENSIONS, SERVER_NAME, SERVER_VERSION
 from pyserve.frontends.http_connection import JSON, HttpProtocol, HttpRequest, listen
@@ -76,7 +77,7 @@ class HttpApp:
             status = (
                 400 if isinstance(exc, ModelNotFoundError) and request.path.endswith(b"/stats") else exc.http_status
             )
-            conn.respond_error(request, status, str(exc))
+            conn.respond_error(request, status, str(exc), error_kind(exc))
         except Exception as exc:
             logger.exception("unexpected error handling %r", request.path)
             conn.respond_error(request, 500, f"internal server error: {exc}")
@@ -214,7 +215,7 @@ class HttpApp:
             if error is None:
                 conn.respond(request, 200)
             elif isinstance(error, InferenceError):
-                conn.respond_error(request, error.http_status, str(error))
+                conn.respond_error(request, error.http_status, str(error), error_kind(error))
             else:
                 logger.error("unexpected error in a repository request", exc_info=error)
                 conn.respond_error(request, 500, f"internal server error: {error}")
@@ -372,7 +373,7 @@ class HttpApp:
             if not streaming:
                 if error is not None:
                     finished = True
-                    conn.respond_error(request, error.http_status, str(error))
+                    conn.respond_error(request, error.http_status, str(error), error_kind(error))
                     return
                 if event:
                     collected.append(event)
@@ -419,7 +420,7 @@ class HttpApp:
             except InferenceError as exc:
                 error = exc
         if error is not None:
-            conn.respond_error(request, error.http_status, str(error))
+            conn.respond_error(request, error.http_status, str(error), error_kind(error))
             return
         header, parts = encode_response(entry, call, response.outputs, response.parameters or None)
         extra = b""

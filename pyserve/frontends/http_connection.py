@@ -18,6 +18,7 @@ import orjson
 
 from pyserve.core.api import StageRecorder
 from pyserve.core.inference import InferenceRequest
+from pyserve.errors import ERROR_KIND_HEADER
 
 _REASONS = {
     100: "Continue",
@@ -247,9 +248,10 @@ class HttpProtocol(asyncio.Protocol):
         else:
             self.busy = False
 
-    def respond_error(self, request: HttpRequest, status: int, message: str) -> None:
-        """Triton's error shape: ``{"error": "..."}``."""
-        self.respond(request, status, orjson.dumps({"error": message}))
+    def respond_error(self, request: HttpRequest, status: int, message: str, kind: str | None = None) -> None:
+        """Triton's error shape: ``{"error": "..."}``; ``kind`` (error_kind()) goes in a header for pyserve's client."""
+        extra = b"" if kind is None else b"%s: %s\r\n" % (ERROR_KIND_HEADER.encode(), kind.encode())
+        self.respond(request, status, orjson.dumps({"error": message}), extra_headers=extra)
 
     def _send_error_and_close(self, status: int, message: str) -> None:
         """Answer an error that ends the connection: half-close at once, close fully once the client has closed
