@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any, Generic
 
 from pyserve.client.calls import AsyncTransport, Call, Codec, Outputs, StreamCall, T, Transport
@@ -170,28 +170,33 @@ class ClientBase:
 
     def _wait_for_server_flow(self, timeout_s: float) -> Flow[None]:
         deadline = time.monotonic() + timeout_s
-        last = "no answer"
-        while True:
-            try:
-                if (yield Run(self._codec.server_ready(), _left(deadline))):
-                    return
-                last = "it answers not ready"
-            except (ServerUnreachableError, ClientTimeoutError) as exc:
-                last = _last_failure(last, exc)
-            yield from self._pause(deadline, f"the server at {self._address} was not ready", timeout_s, last)
+        what = f"the server at {self._address} was not ready"
+        yield from self._until_ready(self._codec.server_ready, deadline, timeout_s, what, "it answers not ready")
 
     def _wait_for_model_flow(self, timeout_s: float) -> Flow[None]:
         deadline = time.monotonic() + timeout_s
         yield from self._wait_for_server_flow(timeout_s)
+        yield from self._until_ready(
+            lambda: self._codec.model_ready(self._model_name, self._model_version),
+            deadline,
+            timeout_s,
+            f"model '{self._model_name}' was not ready",
+            "it answers not ready (or unknown)",
+        )
+
+    def _until_ready(
+        self, ask: Callable[[], Any], deadline: float, timeout_s: float, what: str, not_ready: str
+    ) -> Flow[None]:
+        """Ask ``ask()`` (a readiness request) until it says yes; ClientTimeoutError naming ``what`` at the deadline."""
         last = "no answer"
         while True:
             try:
-                if (yield Run(self._codec.model_ready(self._model_name, self._model_version), _left(deadline))):
+                if (yield Run(ask(), _left(deadline))):
                     return
-                last = "it answers not ready (or unknown)"
+                last = not_ready
             except (ServerUnreachableError, ClientTimeoutError) as exc:
                 last = _last_failure(last, exc)
-            yield from self._pause(deadline, f"model '{self._model_name}' was not ready", timeout_s, last)
+            yield from self._pause(deadline, what, timeout_s, last)
 
     def _config_flow(self) -> Flow[RemoteModelConfig]:
         """The model's configuration, read once: waits (up to ``init_timeout_s``) for the server and the model to

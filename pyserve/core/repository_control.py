@@ -29,7 +29,6 @@ from typing import Any
 
 from pyserve.config import ServeConfig
 from pyserve.core.ensemble_executor import EnsembleEntry, load_ensemble
-from pyserve.core.inference import ModelEntry
 from pyserve.core.registry import Registry
 from pyserve.core.worker_control import WorkerControl
 from pyserve.errors import ConfigError, ModelLoadError, ModelNotFoundError, PyServeError, ServerError, UnsupportedError
@@ -116,8 +115,7 @@ class RepositoryControl:
 
     async def _load_all(self, names: Sequence[str]) -> None:
         """Load models, plain ones first: an ensemble is checked against the models it composes."""
-        definitions = await asyncio.gather(*(self._read_quietly(name) for name in names))
-        ensembles = [name for name, d in zip(names, definitions, strict=True) if d is not None and d.ensemble]
+        ensembles = await asyncio.to_thread(self._ensembles_among, names)
         plain = [name for name in names if name not in ensembles]
         for group in (plain, ensembles):
             results = await asyncio.gather(*(self.load(name) for name in group), return_exceptions=True)
@@ -125,11 +123,12 @@ class RepositoryControl:
                 if isinstance(result, BaseException) and not isinstance(result, PyServeError):
                     logger.error("loading model '%s' failed unexpectedly", name, exc_info=result)
 
-    async def _read_quietly(self, name: str) -> Any:
-        try:
-            return await self._read(name, None, None)
-        except Exception:
-            return None  # load() reports it
+    def _ensembles_among(self, names: Sequence[str]) -> list[str]:
+        # From the configs alone: reading the models in full (hooks, checksums, auto-complete) is load()'s job.
+        from pyserve.repository import declares_ensemble
+
+        assert self.path is not None
+        return [name for name in names if declares_ensemble(self.path / name)]
 
     async def _poll(self) -> None:
         path = self.path
@@ -324,7 +323,7 @@ class RepositoryControl:
         state and reason (a model never loaded has only its name)."""
         rows: dict[str, list[dict[str, Any]]] = {}
         for entry in self._registry.entries():
-            rows.setdefault(entry.name, []).append(_index_entry(entry))
+            rows.setdefault(entry.name, []).append(entry.index_entry())
         for name, state in self._states.items():
             if state.state and not (state.state == READY and name in rows):
                 rows.setdefault(name, []).insert(0, {"name": name, "state": state.state, "reason": state.reason})
@@ -340,11 +339,6 @@ def _fingerprints(path: Path, names: list[str]) -> dict[str, str]:
     from pyserve.repository import fingerprint
 
     return {name: fingerprint(path / name) for name in names}
-
-
-def _index_entry(entry: ModelEntry) -> dict[str, Any]:
-    row: dict[str, Any] = entry.index_entry()
-    return row
 
 
 def _resolver(future: asyncio.Future[str | None]) -> Callable[[str | None], None]:

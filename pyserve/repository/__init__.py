@@ -8,12 +8,13 @@ control modes (``fingerprint`` changes when a model's files do: what polling com
 from pyserve.repository.config_document import parse_config_text
 from pyserve.repository.hooks import LoadHook, checksum_hook, run_hooks
 from pyserve.repository.layout import fingerprint, list_models, version_dirs
-from pyserve.repository.model_config import ModelDefinition, read_model
+from pyserve.repository.model_config import ModelDefinition, declares_ensemble, read_model
 
 __all__ = [
     "LoadHook",
     "ModelDefinition",
     "checksum_hook",
+    "declares_ensemble",
     "fingerprint",
     "list_models",
     "parse_config_text",

@@ -104,6 +104,16 @@ _GPU_NEEDS = {
 }
 
 
+def declares_ensemble(model_dir: Path) -> bool:
+    """Whether a model directory's config.pbtxt declares an ensemble, read from the config alone (no hooks, files or
+    auto-complete). False when there is no config or it does not parse: loading the model reports that."""
+    try:
+        text = (model_dir / layout.CONFIG_FILENAME).read_text()
+        return is_ensemble(parse_config_text(text, model_dir.name))
+    except (OSError, ConfigError):
+        return False
+
+
 def read_model(
     model_dir: Path,
     *,
