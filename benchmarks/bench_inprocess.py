@@ -9,18 +9,25 @@ thread instance (the function runs in this process) and by a process instance. F
 sequential calls of one sample of ``--shape`` floats through ``Serve.infer`` (no network), pyserve's
 ``ModelClient`` over HTTP and tritonclient's HTTP client, the calls split into ``--rounds`` rounds that visit the
 three in turn, and prints p50/p99 and the ratio in-process / HTTP client (issue #12's target: ≤ 0.5).
+
+It also times the floor of any call that passes through the core: a bare ZeroMQ DEALER/ROUTER round trip between
+two processes (a child that echoes), once and twice over. ``Serve.infer`` needs two such round trips (caller → core
+→ instance and back), whichever process the instance lives in.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import tritonclient.http as triton_http
+import zmq
 from _common import bench_main, format_table, write_report
 
 from pyserve import ModelConfig, Serve, ServeConfig, Tensor, batch
@@ -48,6 +55,45 @@ def timed(call: Callable[[], object], count: int) -> list[float]:
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def echo(address: str) -> None:
+    """Echo every message on a ROUTER socket until one says ``stop`` (the child of ``zmq_round_trips``)."""
+    socket = zmq.Context.instance().socket(zmq.ROUTER)
+    socket.bind(address)
+    while True:
+        message = socket.recv_multipart()
+        socket.send_multipart(message)
+        if message[-1] == b"stop":
+            break
+    socket.close(linger=0)
+
+
+def zmq_round_trips(args: argparse.Namespace, tmp_dir: str) -> dict[str, list[float]]:
+    """Per-call times of one and of two bare ZeroMQ round trips to another process (the hops' floor)."""
+    address = f"ipc://{tmp_dir}/echo"
+    child = multiprocessing.get_context("spawn").Process(target=echo, args=(address,), daemon=True)
+    child.start()
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.connect(address)
+    payload = np.ones(args.shape, np.float32).tobytes()
+
+    def round_trips(count: int) -> None:
+        for _ in range(count):
+            socket.send(payload)
+            socket.recv()
+
+    try:
+        timed(lambda: round_trips(1), args.warmup)
+        return {
+            "ZeroMQ round trip x1": timed(lambda: round_trips(1), args.requests),
+            "ZeroMQ round trip x2": timed(lambda: round_trips(2), args.requests),
+        }
+    finally:
+        socket.send(b"stop")
+        socket.recv()
+        socket.close(linger=0)
+        child.join(timeout=10)
 
 
 def measure(worker: str, args: argparse.Namespace) -> dict[str, list[float]]:
@@ -99,10 +145,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = []
     report = []
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        floor = zmq_round_trips(args, tmp_dir)
     for worker in ("thread", "process"):
         results = measure(worker, args)
         http_p50 = percentile(results["ModelClient HTTP"], 0.5)
-        for name, times in results.items():
+        for name, times in {**results, **floor}.items():
             p50, p99 = percentile(times, 0.5), percentile(times, 0.99)
             rows.append([worker, name, f"{p50 * 1e3:.3f}", f"{p99 * 1e3:.3f}", f"{p50 / http_p50:.2f}x"])
             report.append({"instance": worker, "way": name, "p50_us": p50 * 1e6, "p99_us": p99 * 1e6})
