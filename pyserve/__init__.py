@@ -2,7 +2,17 @@
 
 from pyserve._version import __version__
 from pyserve.bls import ainfer, ainfer_stream, infer, infer_stream
-from pyserve.config import DynamicBatcher, ModelConfig, QueuePolicy, ServeConfig, Tensor, TimeoutAction
+from pyserve.config import (
+    DynamicBatcher,
+    ModelConfig,
+    QueuePolicy,
+    SequenceBatcher,
+    SequenceControl,
+    SequenceState,
+    ServeConfig,
+    Tensor,
+    TimeoutAction,
+)
 from pyserve.decorators import (
     ConstantPadder,
     batch,
@@ -12,9 +22,11 @@ from pyserve.decorators import (
     group_by_values,
     pad_batch,
     sample,
+    sequence,
 )
 from pyserve.ensemble import Step
 from pyserve.errors import PyServeError
+from pyserve.remote import RemoteServe
 from pyserve.request import ModelContext, Request, RequestBatch, current_model
 from pyserve.serve import Serve
 
@@ -25,8 +37,12 @@ __all__ = [
     "ModelContext",
     "PyServeError",
     "QueuePolicy",
+    "RemoteServe",
     "Request",
     "RequestBatch",
+    "SequenceBatcher",
+    "SequenceControl",
+    "SequenceState",
     "Serve",
     "ServeConfig",
     "Step",
@@ -45,4 +61,5 @@ __all__ = [
     "infer_stream",
     "pad_batch",
     "sample",
+    "sequence",
 ]

@@ -20,11 +20,13 @@ from types import FrameType, ModuleType
 from typing import Any
 
 from pyserve._version import __version__
+from pyserve.bench.command import add_bench_arguments, add_tune_arguments, run_bench_command, run_tune_command
 from pyserve.config import ModelConfig, ServeConfig, Tensor
 from pyserve.core_process import core_starts
 from pyserve.dtypes import DATATYPES, datatype_of
 from pyserve.errors import ConfigError, PyServeError
 from pyserve.serve import Serve
+from pyserve.server_config import env_value
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,18 @@ _SERVER_OPTIONS = (
     "allow_http",
     "allow_grpc",
     "allow_metrics",
+    "remote_port",
+    "remote_host",
+    "remote_advertise",
+    "exit_timeout_s",
+    "routes_port",
+    "dashboard",
+    "http_restricted_api",
+    "grpc_restricted_protocol",
+    "tls_certfile",
+    "tls_keyfile",
+    "tls_client_ca",
+    "tls_endpoints",
 )
 # tritonserver's model repository options, by ServeConfig field.
 _REPOSITORY_OPTIONS = (
@@ -71,6 +85,12 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc-port", type=int, help="gRPC port (default 8001; 0 picks a free one)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus metrics port (default 8002; 0 picks a free one)")
     parser.add_argument(
+        "--routes-port", type=int, help="port of the custom routes, Serve.route (default 8003; 0 picks a free one)"
+    )
+    parser.add_argument(
+        "--dashboard", type=_boolean, metavar="true|false", help="false turns off the status page /dashboard"
+    )
+    parser.add_argument(
         "--log-level", type=str.upper, choices=_LOG_LEVELS, help="DEBUG, INFO, WARNING (default) or ERROR"
     )
     for front_end in ("http", "grpc", "metrics"):
@@ -86,6 +106,53 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
             metavar="REGEX",
             help=f"{protocol.upper()} headers whose name matches become request parameters (tritonserver's flag)",
         )
+    parser.add_argument(
+        "--exit-timeout-secs",
+        dest="exit_timeout_s",
+        type=float,
+        metavar="N",
+        help="on SIGTERM, how long requests in flight may take to finish (tritonserver's flag; default 30)",
+    )
+    _add_access_options(parser)
+    group = parser.add_argument_group(
+        "remote models (RemoteServe / RemoteTriton attach from other processes or hosts; docs/remote.md)"
+    )
+    group.add_argument(
+        "--remote-port",
+        type=int,
+        metavar="PORT",
+        help="open the authenticated tcp port remote models attach to (0 picks a free one); the token comes from "
+        "PYSERVE_REMOTE_TOKEN, never from the command line",
+    )
+    group.add_argument("--remote-host", metavar="HOST", help="the remote port's bind address (default: --host)")
+    group.add_argument(
+        "--remote-advertise", metavar="tcp://HOST:PORT", help="the address peers are told to use (NAT, containers)"
+    )
+
+
+def _add_access_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("access control and TLS (docs/security.md)")
+    for protocol, option, what in (("http", "api", "header"), ("grpc", "protocol", "metadata")):
+        group.add_argument(
+            f"--{protocol}-restricted-{option}",
+            action="append",
+            metavar="GROUPS:KEY=VALUE",
+            help=f"{protocol.upper()} endpoint groups (comma-separated: health, metadata, inference, shared-memory, "
+            f"model-config, model-repository, statistics, trace, logging) that need the {what} KEY: VALUE; "
+            "repeatable, one group per entry (tritonserver's flag). The value shows in the process list: "
+            f"PYSERVE_{protocol.upper()}_RESTRICTED_{option.upper()} (entries separated by ';') keeps it off it",
+        )
+    group.add_argument("--tls-certfile", metavar="PEM", help="the server's certificate (chain): serve TLS")
+    group.add_argument("--tls-keyfile", metavar="PEM", help="the private key of --tls-certfile")
+    group.add_argument(
+        "--tls-client-ca", metavar="PEM", help="mutual TLS: clients must present a certificate these CAs signed"
+    )
+    group.add_argument(
+        "--tls-endpoints",
+        type=lambda text: tuple(item.strip() for item in text.split(",") if item.strip()),
+        metavar="LIST",
+        help="the front ends that serve TLS, comma-separated: http, grpc, metrics, routes (default http,grpc,routes)",
+    )
 
 
 def _add_repository_options(parser: argparse.ArgumentParser) -> None:
@@ -190,7 +257,7 @@ def _server_options(args: argparse.Namespace) -> dict[str, Any]:
     """The server options given on the command line, by ServeConfig field."""
     keys = _SERVER_OPTIONS + (_REPOSITORY_OPTIONS if hasattr(args, "model_repository") else ())
     options = {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
-    for key in ("load_model", "repository_hooks"):
+    for key in ("load_model", "repository_hooks", "http_restricted_api", "grpc_restricted_protocol"):
         if key in options:
             options[key] = tuple(options[key])
     return options
@@ -289,6 +356,29 @@ def _function_server(function: Callable[..., Any], target: str, attribute: str, 
     return server
 
 
+def _tune(args: argparse.Namespace) -> int:
+    """``pyserve tune module:NAME``: a module's Serve, or a function bound as ``pyserve serve`` binds it."""
+    module_name, _, attribute = args.target.partition(":")
+    sys.path.insert(0, os.getcwd())
+    starts_before = core_starts()
+    module = _import(module_name)
+    if core_starts() > starts_before:
+        raise UsageError(
+            f"'{module_name}' started a server while it was imported; tune starts the model itself with each "
+            "configuration: give it a module that binds without serving (docs/cli.md, layouts 1 and 2)"
+        )
+    attribute = attribute or "server"
+    target = getattr(module, attribute, None)
+    model_options = [option for key, option in _MODEL_OPTIONS.items() if getattr(args, key) is not None]
+    if isinstance(target, Serve):
+        if model_options:
+            raise UsageError(f"{' '.join(model_options)}: only for tuning a function; {args.target} is a Serve")
+        return run_tune_command(args, target)
+    if callable(target):
+        return run_tune_command(args, _function_server(target, f"{module_name}:{attribute}", attribute, args))
+    raise UsageError(f"{module_name}:{attribute} is not a pyserve.Serve or a function to tune (see docs/bench.md)")
+
+
 def _stop_on_signal(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
@@ -314,6 +404,25 @@ def _parser() -> argparse.ArgumentParser:
     _add_repository_options(serve)
     _add_model_options(serve)
     serve.set_defaults(handler=_serve)
+    bench = commands.add_parser(
+        "bench",
+        help="measure a model on a running KServe v2 server: throughput, latency percentiles, server-side split",
+        description="Measure MODEL on a running server (pyserve, Triton, PyTriton: any KServe v2 server) at each "
+        "--concurrency (closed loop) or --request-rate (open loop), from several client processes. See docs/bench.md.",
+    )
+    add_bench_arguments(bench)
+    bench.set_defaults(handler=run_bench_command, **dict.fromkeys(_SERVER_OPTIONS))
+    tune = commands.add_parser(
+        "tune",
+        help="find the configuration with the highest throughput whose p99 meets a target: "
+        "`pyserve tune app:server --model m --slo-p99-ms 20`",
+        description="Start module:NAME's model (a pyserve.Serve's, or a function's with --input/--output) with one "
+        "candidate ModelConfig after another, measure each, and report the best whose p99 meets --slo-p99-ms, as a "
+        "ModelConfig line and a config.pbtxt. See docs/bench.md.",
+    )
+    add_tune_arguments(tune)
+    _add_model_options(tune)
+    tune.set_defaults(handler=_tune, **dict.fromkeys(_SERVER_OPTIONS))
     return parser
 
 
@@ -327,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("pyserve.serve").setLevel(min(level, logging.INFO))
     # Exported too, for a module that makes its ``Serve()`` itself (ServeConfig reads PYSERVE_<FIELD>).
     for key, value in _server_options(args).items():
-        os.environ[f"PYSERVE_{key.upper()}"] = ",".join(value) if isinstance(value, tuple) else str(value)
+        os.environ[f"PYSERVE_{key.upper()}"] = env_value(key, value)
     # SIGTERM stops like Ctrl+C, also before Serve.serve() installs its own handlers (while a module imports), and
     # even when started in the background, which inherits SIGINT ignored.
     for signum in (signal.SIGINT, signal.SIGTERM):

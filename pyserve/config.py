@@ -17,6 +17,12 @@ import numpy as np
 
 from pyserve.dtypes import datatype_of, numpy_dtype
 from pyserve.errors import ConfigError
+from pyserve.sequence_config import ControlKind as ControlKind
+from pyserve.sequence_config import SequenceBatcher as SequenceBatcher
+from pyserve.sequence_config import SequenceControl as SequenceControl
+from pyserve.sequence_config import SequenceState as SequenceState
+from pyserve.sequence_config import SequenceStrategy as SequenceStrategy
+from pyserve.sequence_config import sequence_from_wire, sequence_to_wire
 from pyserve.server_config import ServeConfig as ServeConfig  # re-exported: configuration is imported from here
 from pyserve.server_config import header_pattern as header_pattern
 from pyserve.server_config import parse_bool as parse_bool
@@ -149,6 +155,7 @@ class WorkerKind(str, enum.Enum):
 
     THREAD = "thread"
     PROCESS = "process"
+    RAY = "ray"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +169,16 @@ class ModelConfig:
     ``batching=False`` (PyTriton's switch) says the same as ``max_batch_size=0, batcher=None``: the model has no
     batch dimension and requests are never merged; a positive ``max_batch_size`` or batcher settings beside it are
     refused as contradictions. ``batching=True`` (the default) leaves it to ``max_batch_size``.
+
+    ``sequence_batcher`` makes the model stateful (Triton's sequence batcher, docs/sequence.md): it takes the place
+    of the dynamic batcher (``batcher`` is then None; other batcher settings beside it are refused).
+
+    ``execution_timeout_s`` (off by default) bounds how long an instance may run one batch: past it, the batch's
+    requests fail (``RequestTimeoutError``) and a process instance is killed and replaced; a thread cannot be
+    stopped, so a thread instance serves again once its function returns (docs/batching.md).
+
+    ``worker="ray"`` runs each instance as a Ray actor, placed by Ray anywhere in its cluster (extra ``[ray]``,
+    docs/ray.md); ``ray_actor_options`` go to ``ray.remote`` (``{"num_gpus": 1}``, ``max_restarts``, resources...).
     """
 
     max_batch_size: int = 0
@@ -173,9 +190,18 @@ class ModelConfig:
     response_cache: bool = False
     parameters: dict[str, str] = dataclasses.field(default_factory=dict)
     batching: bool = True
+    sequence_batcher: SequenceBatcher | None = None
+    ray_actor_options: dict[str, Any] | None = None
+    execution_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "worker", _enum_value(WorkerKind, self.worker, "worker"))
+        if self.execution_timeout_s is not None and not self.execution_timeout_s > 0:
+            raise ConfigError(f"execution_timeout_s must be > 0 (or None: off), got {self.execution_timeout_s}")
+        if self.ray_actor_options is not None and self.worker is not WorkerKind.RAY:
+            raise ConfigError(f"ray_actor_options are for worker='ray', not worker='{WorkerKind(self.worker).value}'")
+        if self.sequence_batcher is not None:
+            self._check_sequence_batcher(self.sequence_batcher)
         object.__setattr__(self, "devices", tuple(self.devices))
         if self.max_batch_size < 0:
             raise ConfigError(f"max_batch_size must be >= 0, got {self.max_batch_size}")
@@ -201,6 +227,20 @@ class ModelConfig:
                 "dimension and are never merged, queued by priority or timed out; set max_batch_size > 0, or "
                 "batcher=None"
             )
+
+    def _check_sequence_batcher(self, sequence_batcher: SequenceBatcher) -> None:
+        if not isinstance(sequence_batcher, SequenceBatcher):
+            raise ConfigError(f"sequence_batcher must be a SequenceBatcher, got {sequence_batcher!r}")
+        if self.batcher is not None and self.batcher != DynamicBatcher():
+            raise ConfigError(
+                "a model has one scheduler: dynamic batching (batcher) or sequence batching (sequence_batcher), not "
+                "both; leave batcher out"
+            )
+        if self.response_cache:
+            raise ConfigError(
+                "response_cache cannot be used with sequence_batcher: a stateful model's answers depend on its sequence"
+            )
+        object.__setattr__(self, "batcher", None)
 
     @property
     def dynamic_batching(self) -> bool:
@@ -240,6 +280,11 @@ class ModelSpec:
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
                 raise ConfigError(f"model '{self.name}': duplicate {kind} names {dupes}")
+        sequence_batcher = self.config.sequence_batcher
+        if sequence_batcher is not None:
+            sequence_batcher.check_model(
+                self.name, self.config.max_batch_size, (t.name for t in self.inputs), (t.name for t in self.outputs)
+            )
 
     def to_wire(self) -> dict[str, Any]:
         """A msgpack-able description for the core process."""
@@ -260,6 +305,8 @@ class ModelSpec:
             "response_cache": cfg.response_cache,
             "parameters": dict(cfg.parameters),
             "batching": cfg.batching,
+            "execution_timeout_s": cfg.execution_timeout_s,
+            "sequence_batcher": None if cfg.sequence_batcher is None else sequence_to_wire(cfg.sequence_batcher),
         }
 
     @classmethod
@@ -276,6 +323,8 @@ class ModelSpec:
             response_cache=data["response_cache"],
             parameters=dict(data["parameters"]),
             batching=data.get("batching", True),
+            execution_timeout_s=data.get("execution_timeout_s"),
+            sequence_batcher=None if not data.get("sequence_batcher") else sequence_from_wire(data["sequence_batcher"]),
         )
         return cls(
             name=data["name"],

@@ -27,6 +27,7 @@ import zmq
 from pyserve.config import ServeConfig
 from pyserve.core.supervisor import open_pidfd
 from pyserve.errors import ServerError
+from pyserve.transport.curve import TOKEN_ENV, secure_client
 from pyserve.transport.messages import pack_header, unpack_header
 from pyserve.transport.protocol import ControlReply, Header, kind_of
 
@@ -42,6 +43,53 @@ def core_starts() -> int:
     return _starts
 
 
+class ControlChannel:
+    """A DEALER socket to a core's worker socket for control requests (load, unload, ...), one at a time.
+
+    ``remote_token`` makes it a CURVE client of a remote server's socket (``pyserve.transport.curve``), and
+    ``routing_id`` names it there (``pyserve.core.remote_peers``).
+    """
+
+    def __init__(self, address: str, what: str, remote_token: str = "", routing_id: bytes = b"") -> None:
+        self.address = address
+        self._what = what
+        socket: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        if remote_token:
+            secure_client(socket, remote_token)
+        if routing_id:
+            socket.setsockopt(zmq.ROUTING_ID, routing_id)
+        socket.connect(address)
+        self._socket = socket
+        self._lock = threading.Lock()
+        self._request_ids = itertools.count(1)
+
+    def request(self, build: Callable[[int], Header], timeout_s: float = CONTROL_TIMEOUT_S) -> ControlReply:
+        """Send the control request ``build(request_id)`` makes; wait for the reply to it (``ServerError`` when
+        none comes within ``timeout_s``)."""
+        with self._lock:
+            request_id = next(self._request_ids)
+            message = build(request_id)
+            self._socket.send(pack_header(message))
+            deadline = time.monotonic() + timeout_s
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._socket.poll(int(remaining * 1000)):
+                    raise ServerError(f"{self._what} did not answer {kind_of(message)!r} in time")
+                reply = ControlReply(unpack_header(self._socket.recv()))
+                if reply.request_id == request_id:
+                    return reply
+
+    def monitor(self, events: int) -> zmq.Socket[Any]:
+        """A PAIR socket that receives the socket's ``events`` (``zmq.utils.monitor.recv_monitor_message``)."""
+        monitor: zmq.Socket[Any] = self._socket.get_monitor_socket(events)
+        return monitor
+
+    def close(self) -> None:
+        """Close the socket."""
+        self._socket.close(linger=0)
+
+
 class CoreProcess:
     """One run of the core process: its ports and addresses once ``start()`` returned."""
 
@@ -53,10 +101,9 @@ class CoreProcess:
         self.metrics_port = 0
         self.router_address = ""
         self.cancel_address = ""
+        self.remote_address = ""
         self._process: subprocess.Popen[bytes] | None = None
-        self._control: zmq.Socket[Any] | None = None
-        self._control_lock = threading.Lock()
-        self._request_ids = itertools.count(1)
+        self._control: ControlChannel | None = None
         self._runtime_dir: str | None = None
 
     def start(self) -> None:
@@ -68,12 +115,14 @@ class CoreProcess:
         else:
             router = f"tcp://{config.host}:*"
         read_fd, write_fd = os.pipe()
+        # The remote token goes by environment, not on the command line (which any local user can read).
+        env = {**os.environ, TOKEN_ENV: config.remote_token} if config.remote_token else None
         command = [
             sys.executable,
             "-m",
             "pyserve.core",
             "--config",
-            orjson.dumps(dataclasses.asdict(config)).decode(),
+            orjson.dumps({**dataclasses.asdict(config), "remote_token": ""}).decode(),
             "--router",
             router,
             "--shm-prefix",
@@ -84,7 +133,7 @@ class CoreProcess:
             str(write_fd),
         ]
         try:
-            self._process = subprocess.Popen(command, pass_fds=(write_fd,), stdin=subprocess.DEVNULL)
+            self._process = subprocess.Popen(command, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, env=env)
         finally:
             os.close(write_fd)
         try:
@@ -99,10 +148,8 @@ class CoreProcess:
         self.metrics_port = ready.get("metrics_port", 0)
         self.router_address = ready["router"]
         self.cancel_address = ready.get("cancel", "")
-        control: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
-        control.setsockopt(zmq.LINGER, 0)
-        control.connect(self.router_address)
-        self._control = control
+        self.remote_address = ready.get("remote", "")
+        self._control = ControlChannel(self.router_address, "the core process")
         global _starts
         _starts += 1
 
@@ -136,18 +183,7 @@ class CoreProcess:
     def request(self, build: Callable[[int], Header], timeout_s: float = CONTROL_TIMEOUT_S) -> ControlReply:
         """Send the control request ``build(request_id)`` makes; wait for the core's reply to it."""
         assert self._control is not None
-        with self._control_lock:
-            request_id = next(self._request_ids)
-            message = build(request_id)
-            self._control.send(pack_header(message))
-            deadline = time.monotonic() + timeout_s
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._control.poll(int(remaining * 1000)):
-                    raise ServerError(f"the core process did not answer {kind_of(message)!r} in time")
-                reply = ControlReply(unpack_header(self._control.recv()))
-                if reply.request_id == request_id:
-                    return reply
+        return self._control.request(build, timeout_s)
 
     @property
     def pid(self) -> int:
@@ -184,18 +220,18 @@ class CoreProcess:
                 os.close(exit_fd)
 
     def stop(self) -> None:
-        """End the process (SIGTERM, then SIGKILL after ``STOP_TIMEOUT_S``); close the control socket and remove the
-        socket directory."""
+        """End the process (SIGTERM: it drains for up to ``exit_timeout_s``; SIGKILL ``STOP_TIMEOUT_S`` after that);
+        close the control socket and remove the socket directory."""
         process = self._process
         if process is not None and process.poll() is None:
-            process.terminate()
+            process.terminate()  # the core drains what is in flight, for up to exit_timeout_s
             try:
-                process.wait(STOP_TIMEOUT_S)
+                process.wait(self.config.exit_timeout_s + STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
         if self._control is not None:
-            self._control.close(linger=0)
+            self._control.close()
             self._control = None
         if self._runtime_dir is not None:
             shutil.rmtree(self._runtime_dir, ignore_errors=True)

@@ -7,7 +7,8 @@ request, in order. These decorators let the function see something more convenie
 - ``@sample``: one request's inputs as keyword arguments, called once per request;
 - ``@group_by_keys`` / ``@group_by_values``: the batch split into sub-batches that ``@batch`` can concatenate;
 - ``@fill_optionals``: defaults for inputs a request left out;
-- ``@first_value`` / ``@pad_batch``: adjust the keyword arguments ``@batch`` passes on (place them below it).
+- ``@first_value`` / ``@pad_batch``: adjust the keyword arguments ``@batch`` passes on (place them below it);
+- ``@sequence``: for a stateful model, ``(inputs, state) -> (outputs, state)`` per sequence.
 
 Requests-level decorators (``batch``, ``sample``, ``group_by_*``, ``fill_optionals``) take the request batch as
 their last positional argument and pass any leading ones (``self`` of a method) through. A typical stack::
@@ -27,8 +28,9 @@ ended contributes ``None`` (no response this round, as the worker reads it) to t
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -36,7 +38,7 @@ from numpy.typing import NDArray
 from pyserve.dtypes import as_bytes_array
 from pyserve.errors import ConfigError, InvalidInputError, ModelExecutionError, OutputMismatchError
 from pyserve.grouping import ConstantPadder, group_by_keys, group_by_values
-from pyserve.request import ModelContext, current_model
+from pyserve.request import ModelContext, Request, SequenceContext, current_model
 from pyserve.wrapping import (
     ENDED,
     Call,
@@ -64,6 +66,7 @@ __all__ = [
     "group_by_values",
     "pad_batch",
     "sample",
+    "sequence",
 ]
 
 # --- @batch and @sample ---------------------------------------------------------------------------------------
@@ -411,3 +414,101 @@ def _filled(requests: Sequence[Inputs], values: dict[str, NDArray[Any]], batchin
     # The inputs already present are unchanged, so their contiguous layout stays valid.
     filled.merged = getattr(requests, "merged", None)
     return filled
+
+
+# --- @sequence ------------------------------------------------------------------------------------------------
+
+
+@overload
+def sequence(fn: InferFunc, *, batched: bool = False, initial_state: Any = None) -> InferFunc: ...
+
+
+@overload
+def sequence(
+    fn: None = None, *, batched: bool = False, initial_state: Any = None
+) -> Callable[[InferFunc], InferFunc]: ...
+
+
+def sequence(
+    fn: InferFunc | None = None, *, batched: bool = False, initial_state: Any = None
+) -> InferFunc | Callable[[InferFunc], InferFunc]:
+    """Give a stateful model's function its sequence's state: ``fn(inputs, state) -> (outputs, state)``.
+
+    For models with ``ModelConfig(sequence_batcher=...)``. Called once per request, ``fn`` gets the request's inputs
+    (a dict of arrays, batch dimension included when the model batches, control and state inputs too) and the state
+    it returned with the previous request of the same sequence, and returns the request's outputs and the new state.
+    A sequence starts from ``initial_state`` (a callable is called for each new sequence, any other value is copied;
+    None by default). The state may be any Python object: the instance keeps it (``Request.sequence.state``), never
+    sent anywhere, and drops it when the sequence ends or is released.
+
+    With ``batched=True``, ``fn`` is called once per batch, which holds at most one request of each sequence:
+    ``fn(inputs, states) -> (outputs, states)`` with every input concatenated along axis 0 (as ``@batch`` does,
+    one row per sequence) and ``states`` the list of the sequences' states in the same order; the outputs are split
+    back by rows. Use it as ``@sequence`` or ``@sequence(batched=True, initial_state=...)``.
+    """
+
+    def decorator(fn: InferFunc) -> InferFunc:
+        def plan(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Call], Merge]:
+            leading, requests = split_args(args, "@sequence")
+            contexts = [_sequence_of(request) for request in requests]
+            states = [_starting_state(context, initial_state) for context in contexts]
+            if not batched:
+                calls = [
+                    Call((*leading, dict(inputs_of(request)), state), kwargs)
+                    for request, state in zip(requests, states, strict=True)
+                ]
+                return calls, lambda results: _per_sequence_outputs(results, contexts)
+            if not requests:
+                return [], no_responses
+            inputs, rows = _concatenate(requests)
+            return [Call((*leading, inputs, states), kwargs)], lambda results: _batched_outputs(results, contexts, rows)
+
+        return adapt(fn, plan)
+
+    return decorator if fn is None else decorator(fn)
+
+
+def _sequence_of(request: Inputs) -> SequenceContext:
+    context = request.sequence if isinstance(request, Request) else None
+    if context is None:
+        raise ConfigError(
+            "@sequence needs a stateful model: bind it with ModelConfig(sequence_batcher=SequenceBatcher(...)) "
+            "(the requests it got belong to no sequence)"
+        )
+    return context
+
+
+def _starting_state(context: SequenceContext, initial_state: Any) -> Any:
+    if context.state is not None:
+        return context.state
+    return initial_state() if callable(initial_state) else copy.deepcopy(initial_state)
+
+
+def _state_pair(result: Any, who: str) -> tuple[Any, Any]:
+    if not isinstance(result, tuple) or len(result) != 2:
+        raise OutputMismatchError(f"{who}: the function must return (outputs, state), got {type(result).__name__}")
+    return result[0], result[1]
+
+
+def _per_sequence_outputs(results: list[Any], contexts: list[SequenceContext]) -> list[Any]:
+    responses: list[Any] = []
+    for result, context in zip(results, contexts, strict=True):
+        if result is ENDED:  # a stream of a decoupled model that has ended
+            responses.append(None)
+            continue
+        outputs, context.state = _state_pair(result, "@sequence")
+        responses.append(output_arrays(outputs, "@sequence"))
+    return responses
+
+
+def _batched_outputs(results: list[Any], contexts: list[SequenceContext], rows: list[int]) -> Any:
+    outputs, states = _state_pair(results[0], "@sequence(batched=True)")
+    if not isinstance(states, (list, tuple)) or len(states) != len(contexts):
+        raise OutputMismatchError(
+            f"@sequence(batched=True): the function must return one state per sequence of the batch "
+            f"({len(contexts)}), got {type(states).__name__}"
+            + (f" of length {len(states)}" if isinstance(states, (list, tuple)) else "")
+        )
+    for context, state in zip(contexts, states, strict=True):
+        context.state = state
+    return _split_outputs(outputs, rows)

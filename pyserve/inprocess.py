@@ -1,15 +1,20 @@
 """Calls to a running ``Serve`` from its own process, without HTTP or gRPC: ``Serve.infer`` and its variants.
 
-Each calling thread gets a ZeroMQ socket of its own to the core, with a shared-memory pool for large inputs, and
-speaks the BLS messages an instance uses to call other models (``pyserve.worker.bls_channel``): the core schedules
-the call like any request (batching, priorities, statistics, errors), and the outputs come back as numpy arrays.
+A call goes over a channel (``pyserve.worker.bls_channel``): a ZeroMQ socket to the core with a shared-memory pool
+for large inputs, speaking the BLS messages an instance uses to call other models; the core schedules the call like
+any request (batching, priorities, statistics, errors), and the outputs come back as numpy arrays.
+
+Blocking calls borrow a channel from a pool for the length of the call (a stream: until it ends or is closed), so a
+threaded web server that starts a thread per connection or per request (Flask's) reuses a few sockets rather than
+opening one per thread it ever ran. ``async`` calls use one channel per event loop thread, watched by that loop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -32,33 +37,51 @@ class LocalCaller:
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()
         self._opened: list[tuple[zmq.Socket[Any], ShmPool, ShmReader]] = []
+        self._idle: list[BlsChannel] = []  # the pool of blocking calls' channels
         self._closed = False
 
     def channel(self) -> BlsChannel:
-        """This thread's channel to the core (made on first use)."""
+        """This thread's channel to the core for async calls (made on first use)."""
         channel: BlsChannel | None = getattr(self._local, "channel", None)
-        if channel is not None:
-            return channel
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the server is stopped: Serve.infer() needs a running Serve (run() or serve())")
-            socket: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
-            socket.setsockopt(zmq.LINGER, 0)
-            socket.setsockopt(zmq.SNDHWM, 0)
-            socket.setsockopt(zmq.RCVHWM, 0)
-            socket.connect(self._router)
-            pool = ShmPool(f"{self._prefix}-local{next(self._numbers)}", self._pool_bytes)
-            reader = ShmReader()
-            self._opened.append((socket, pool, reader))
-        channel = BlsChannel(socket, pool, reader, self._threshold)
-        self._local.channel = channel
+        if channel is None:
+            with self._lock:
+                channel = self._open()
+            self._local.channel = channel
         return channel
+
+    def borrow(self) -> BlsChannel:
+        """A channel for one blocking call (from the pool, or a new one); give it back with ``give_back``."""
+        with self._lock:
+            channel = self._idle.pop() if self._idle else self._open()
+        channel.adopt()
+        return channel
+
+    def give_back(self, channel: BlsChannel) -> None:
+        """A borrowed channel's call is over: it serves the next one."""
+        with self._lock:
+            if not self._closed:
+                self._idle.append(channel)
+
+    def _open(self) -> BlsChannel:
+        """A new channel (the lock held)."""
+        if self._closed:
+            raise RuntimeError("the server is stopped: Serve.infer() needs a running Serve (run() or serve())")
+        socket: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SNDHWM, 0)
+        socket.setsockopt(zmq.RCVHWM, 0)
+        socket.connect(self._router)
+        pool = ShmPool(f"{self._prefix}-local{next(self._numbers)}", self._pool_bytes)
+        reader = ShmReader()
+        self._opened.append((socket, pool, reader))
+        return BlsChannel(socket, pool, reader, self._threshold)
 
     def close(self) -> None:
         """Close every thread's socket and pool (the server is stopping)."""
         with self._lock:
             self._closed = True
             opened, self._opened = self._opened, []
+            self._idle.clear()
         for socket, pool, reader in opened:
             socket.close(linger=0)
             reader.close()
@@ -68,13 +91,16 @@ class LocalCaller:
 
     def infer(self, model: str, inputs: Mapping[str, Any], **options: Any) -> dict[str, np.ndarray]:
         """One call; blocks until its outputs (or its error) arrive."""
-        channel = self.channel()
-        call = self._start(channel, model, inputs, options, stream=False)
+        channel = self.borrow()
         try:
-            channel.wait(call)
-            return single_response(channel, call)
+            call = self._start(channel, model, inputs, options, stream=False)
+            try:
+                channel.wait(call)
+                return single_response(channel, call)
+            finally:
+                channel.abandon(call)
         finally:
-            channel.abandon(call)
+            self.give_back(channel)
 
     async def ainfer(self, model: str, inputs: Mapping[str, Any], **options: Any) -> dict[str, np.ndarray]:
         """One call, awaited on the running event loop."""
@@ -88,8 +114,13 @@ class LocalCaller:
 
     def infer_stream(self, model: str, inputs: Mapping[str, Any], **options: Any) -> Iterator[dict[str, np.ndarray]]:
         """The responses of a decoupled model, as they come."""
-        channel = self.channel()
-        return Responses(channel, self._start(channel, model, inputs, options, stream=True))
+        channel = self.borrow()
+        try:
+            call = self._start(channel, model, inputs, options, stream=True)
+        except BaseException:
+            self.give_back(channel)
+            raise
+        return _BorrowedResponses(channel, call, self.give_back)
 
     def ainfer_stream(
         self, model: str, inputs: Mapping[str, Any], **options: Any
@@ -112,3 +143,34 @@ class LocalCaller:
             request_id=options.get("request_id", ""),
             stream=stream,
         )
+
+
+class _BorrowedResponses(Responses):
+    """A stream over a borrowed channel: the channel goes back to the pool once the stream ends or is closed."""
+
+    def __init__(self, channel: BlsChannel, call: BlsCall, give_back: Callable[[BlsChannel], None]) -> None:
+        super().__init__(channel, call)
+        self._borrowed: BlsChannel | None = channel
+        self._give_back = give_back
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self._borrowed is None:
+            raise StopIteration
+        self._borrowed.adopt()  # the iterating thread need not be the one that started the stream
+        try:
+            return super().__next__()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop iterating: withdraw the call if it is still running, and give the channel back."""
+        channel, self._borrowed = self._borrowed, None
+        if channel is not None:
+            super().close()
+            self._give_back(channel)
+
+    def __del__(self) -> None:
+        # Dropped without being closed: withdraw the call, unless the server (and its sockets) is already gone.
+        with contextlib.suppress(Exception):
+            self.close()

@@ -35,11 +35,39 @@ class CancelFlag:
         return self._set
 
 
+class SequenceContext:
+    """Where a request of a stateful model (``ModelConfig.sequence_batcher``) stands in its sequence.
+
+    ``correlation_id`` is the sequence's ID (int or str), ``start`` / ``end`` whether this request starts or ends
+    it, ``slot`` the sequence's batch slot on its instance. ``state`` is what the function keeps for the sequence
+    from one request to the next (``@sequence`` keeps it there): None when the sequence starts; whatever the function
+    sets is handed back with the sequence's next request, on the same instance, until the sequence ends.
+    """
+
+    __slots__ = ("correlation_id", "end", "slot", "start", "state")
+
+    def __init__(
+        self, correlation_id: int | str, start: bool = False, end: bool = False, slot: int = 0, state: Any = None
+    ) -> None:
+        self.correlation_id = correlation_id
+        self.start = start
+        self.end = end
+        self.slot = slot
+        self.state = state
+
+    def __repr__(self) -> str:
+        return (
+            f"SequenceContext(correlation_id={self.correlation_id!r}, start={self.start}, end={self.end}, "
+            f"slot={self.slot})"
+        )
+
+
 class Request(Mapping[str, np.ndarray]):
     """One inference request: its input arrays (also reachable as ``request["a"]``), parameters and the
-    outputs the client asked for (empty means all)."""
+    outputs the client asked for (empty means all); ``sequence`` is its place in its sequence for a stateful model
+    (``SequenceContext``), else None."""
 
-    __slots__ = ("_cancel_flag", "data", "id", "parameters", "requested_output_names")
+    __slots__ = ("_cancel_flag", "data", "id", "parameters", "requested_output_names", "sequence")
 
     def __init__(
         self,
@@ -48,8 +76,10 @@ class Request(Mapping[str, np.ndarray]):
         requested_output_names: tuple[str, ...] = (),
         id: str = "",
         cancel_flag: CancelFlag | threading.Event | None = None,
+        sequence: SequenceContext | None = None,
     ) -> None:
         self.data = data
+        self.sequence = sequence
         self.parameters = parameters if parameters is not None else {}
         self.requested_output_names = requested_output_names
         self.id = id

@@ -12,28 +12,35 @@ import dataclasses
 import logging
 import os
 import reprlib
+import secrets
 import signal
 import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from pyserve.config import ModelConfig, ModelSpec, ServeConfig, Tensor, WorkerKind, as_tensors
+from pyserve.core.supervisor import describe_exit
 from pyserve.core_process import CoreProcess
 from pyserve.ensemble import EnsembleSpec, Step, check_models, spec_lookup
 from pyserve.errors import ConfigError, ModelAlreadyBoundError, PyServeError, ServerError
 from pyserve.inprocess import LocalCaller
-from pyserve.thread_instances import ThreadInstances
+from pyserve.ray_instances import RayInstances
+from pyserve.routes.server import ServedRoutes
+from pyserve.thread_instances import CoreLink, ThreadInstances
 from pyserve.transport.payload import build_payload
-from pyserve.transport.protocol import Load, LoadEnsemble, Serving
+from pyserve.transport.protocol import Load, LoadEnsemble, OpenRemote, Serving, Unload
 from pyserve.transport.shm import remove_segments
 
 logger = logging.getLogger(__name__)
+
+_Handler = TypeVar("_Handler", bound=Callable[..., Any])
 
 
 @dataclasses.dataclass(eq=False)
@@ -58,14 +65,19 @@ class Serve:
         self._ensembles: dict[tuple[str, int], EnsembleSpec] = {}
         self._loaded_ensembles: set[tuple[str, int]] = set()
         self._core: CoreProcess | None = None
-        self._stop_event = threading.Event()
+        self._stop_event = threading.Event()  # the instances' loops end when it is set
+        self._stop_requested = threading.Event()  # stop() was called: the core's exit is no failure then
+        self._stop_lock = threading.Lock()  # stop() may come from the core watcher, serve() and the user at once
         self._session = f"pyserve-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._threads = ThreadInstances(self._stop_event, self._session)
+        self._ray = RayInstances(self._session)
+        self._remote_token = ""  # the token of a remote port opened for Ray instances
         self._announced = False
         self._local: LocalCaller | None = None
         self.http_port = 0
         self.grpc_port = 0
         self.metrics_port = 0
+        self._routes = ServedRoutes(config)
 
     # public API -----------------------------------------------------------------------------------------------
 
@@ -223,6 +235,41 @@ class Serve:
         """``infer_stream`` for ``async for``."""
         return self._local_calls().ainfer_stream(model_name, inputs, **_call_options(locals()))
 
+    # front doors for existing applications (docs/routes.md) ------------------------------------------------------
+
+    def route(self, path: str, methods: Sequence[str] = ("GET",)) -> Callable[[_Handler], _Handler]:
+        """Decorator: serve ``handler(request)`` at ``path`` on ``ServeConfig.routes_port``, for clients that send
+        their own JSON (a Flask ``/predict``) rather than KServe v2.
+
+        The handler gets a Starlette ``Request`` (``request.get_json()`` works in sync handlers too) and returns a
+        dict or list (JSON), a Starlette ``Response``, or a generator (Server-Sent Events); inside it, call models
+        with ``server.infer`` (sync handlers, run in worker threads) or ``await server.ainfer`` (``async def``).
+        Routes run in this process, served by uvicorn once the server runs; ``pip install 'pyserve[routes]'``.
+        """
+
+        def declare(handler: _Handler) -> _Handler:
+            self._routes.declare(path, methods, handler)
+            return handler
+
+        return declare
+
+    def asgi_app(self) -> Any:
+        """A Starlette app with the KServe v2 routes, infer through ``ainfer``, to mount into an existing ASGI app
+        (``app.mount("/kserve", server.asgi_app())``) run under its own uvicorn (docs/routes.md)."""
+        from pyserve.routes.kserve_app import kserve_app
+
+        return kserve_app(self)
+
+    @property
+    def routes_port(self) -> int:
+        """The port the custom routes are served on (0 while none is served)."""
+        return self._routes.port
+
+    @property
+    def routes_url(self) -> str:
+        """Base URL of the custom routes, e.g. ``http://127.0.0.1:8003`` ("" while none is served)."""
+        return f"http://{self.config.host}:{self._routes.port}" if self._routes.port else ""
+
     def _local_calls(self) -> LocalCaller:
         if self._local is None or not self.is_running:
             raise ServerError("Serve.infer() needs a running server: call run() (or use `with Serve() as s:`) first")
@@ -232,8 +279,10 @@ class Serve:
         """Start the core process and load every bound model; returns once all are ready."""
         if self._core is None:
             self._stop_event.clear()
+            self._stop_requested.clear()
             self._start_core()
             atexit.register(self.stop)
+            self._routes.listen()  # answering 503 until the models below are loaded
         for bound in list(self._models.values()):
             if not bound.loaded:
                 self._load(bound)
@@ -242,6 +291,7 @@ class Serve:
                 self._load_ensemble(ensemble)
         # The core answers once the models of its repository loaded at start are loaded (or failed) too.
         self._core_process().request(Serving.build, self.config.model_load_timeout_s)
+        self._routes.ready()
         if not self._announced and (self._models or self._ensembles or self.config.model_repository):
             # Once per start, with models to call: the Quickstart starts the core (`with Serve()`) before it binds,
             # and announces when serve() runs this again.
@@ -289,7 +339,7 @@ class Serve:
         try:
             self.run()
         except PyServeError:
-            if self._stop_event.is_set():
+            if self._stop_requested.is_set():
                 return  # stop() from another thread while this one was still starting: nothing to serve
             raise
         handled = (signal.SIGINT, signal.SIGTERM)
@@ -305,8 +355,7 @@ class Serve:
         try:
             core = self._core_process()
             core.wait_for_exit()
-            if not self._stop_event.is_set():
-                logger.error("the core process exited with status %s", core.returncode)
+            self._core_exited(core)
         except KeyboardInterrupt:
             pass
         finally:
@@ -315,16 +364,28 @@ class Serve:
             self.stop()
 
     def stop(self) -> None:
-        """Stop the core process and every instance; remove sockets and shared memory. Idempotent."""
+        """Stop the core process and every instance; remove sockets and shared memory. Idempotent.
+
+        Graceful: the core takes no new requests and lets those in flight finish, for at most
+        ``ServeConfig.exit_timeout_s``."""
+        with self._stop_lock:
+            self._stop()
+
+    def _stop(self) -> None:
         core = self._core
         if core is None:
             return
+        self._stop_requested.set()
+        # The routes first: they answer 503 from now on, and what they have in flight finishes while the core runs.
+        self._routes.stop()
+        # The core drains first (ServeConfig.exit_timeout_s): thread and Ray instances serve what is in flight.
+        core.stop()
         self._stop_event.set()
         if self._local is not None:
             self._local.close()
             self._local = None
+        self._ray.stop()
         self._threads.wake()
-        core.stop()
         self._threads.join()
         for bound in self._models.values():
             bound.loaded = False
@@ -349,6 +410,11 @@ class Serve:
         return f"{self.config.host}:{self.grpc_port}"
 
     @property
+    def remote_address(self) -> str:
+        """Where ``RemoteServe`` attaches (``tcp://host:port``) when ``ServeConfig.remote_port`` is set; else ""."""
+        return self._core.remote_address if self._core is not None else ""
+
+    @property
     def metrics_url(self) -> str:
         """URL of the Prometheus metrics page, e.g. ``http://127.0.0.1:8002/metrics``."""
         return f"http://{self.config.host}:{self.metrics_port}/metrics"
@@ -364,6 +430,8 @@ class Serve:
             )
             if on
         ]
+        if self._routes.port:
+            served.append(f"routes on {self.routes_url}")
         return ", ".join(served)
 
     def __enter__(self) -> Serve:
@@ -384,12 +452,44 @@ class Serve:
         core = CoreProcess(self.config, self._session)
         core.start()
         self._core = core
+        # Someone must notice a core that dies on its own (killed, out of memory), whether or not serve() blocks.
+        threading.Thread(target=self._watch_core, args=(core,), name="pyserve-core-watch", daemon=True).start()
         self.http_port, self.grpc_port, self.metrics_port = core.http_port, core.grpc_port, core.metrics_port
         config = self.config
         self._local = LocalCaller(
             core.router_address, f"{self._session}-local", config.shm_threshold_bytes, config.shm_pool_bytes
         )
         self._announced = False
+
+    def _watch_core(self, core: CoreProcess) -> None:
+        core.wait_for_exit()
+        self._core_exited(core)
+
+    def _core_exited(self, core: CoreProcess) -> None:
+        """The core process ended: unless stop() ended it, say so (once) and stop, so that the instances, sockets
+        and shared memory go too."""
+        with self._stop_lock:
+            if self._core is not core:
+                return  # stopped already (and perhaps started again)
+            if not self._stop_requested.is_set():
+                logger.error(
+                    "the core process (pid %d) exited unexpectedly (%s): stopping the server",
+                    core.pid,
+                    describe_exit(core.returncode if core.returncode is not None else 0),
+                )
+            self._stop()
+
+    def _remote_port(self, core: CoreProcess) -> tuple[str, str]:
+        """The core's remote port and its token, opened now (any free port, a fresh token) if it is closed: Ray
+        instances reach the core there."""
+        if not core.remote_address:
+            token = self.config.remote_token or secrets.token_urlsafe(32)
+            reply = core.request(partial(OpenRemote.build, token))
+            if reply.error is not None:
+                raise ServerError(reply.error)
+            core.remote_address = reply.value
+            self._remote_token = token
+        return core.remote_address, self._remote_token or self.config.remote_token
 
     def _core_process(self) -> CoreProcess:
         if self._core is None:
@@ -408,10 +508,20 @@ class Serve:
                 raise ServerError(reply.error)
             bound.loaded = True
             return
-        reply = self._core_process().request(lambda request_id: Load.build(spec, request_id))
+        core = self._core_process()
+        reply = core.request(lambda request_id: Load.build(spec, request_id))
         if reply.error is not None:
             raise ConfigError(reply.error)
-        self._threads.start(spec, bound.functions, self._core_process(), self.config)
+        if spec.config.worker is WorkerKind.RAY:
+            try:
+                address, token = self._remote_port(core)
+                self._ray.start(spec, bound.functions, address, token, self.config)
+            except BaseException:
+                core.request(partial(Unload.build, spec.name, spec.version))
+                raise
+            bound.loaded = True
+            return
+        self._threads.start(spec, bound.functions, CoreLink.local(self._core_process()), self.config)
         bound.loaded = True
 
     def _load_ensemble(self, ensemble: EnsembleSpec) -> None:

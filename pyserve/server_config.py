@@ -8,9 +8,39 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from pyserve.errors import ConfigError
+
+# The groups of endpoints tritonserver's --http-restricted-api / --grpc-restricted-protocol restrict (Triton 2.51).
+RESTRICTED_GROUPS = (
+    "health",
+    "metadata",
+    "inference",
+    "shared-memory",
+    "model-config",
+    "model-repository",
+    "statistics",
+    "trace",
+    "logging",
+)
+# The front ends that can serve TLS (ServeConfig.tls_endpoints).
+TLS_ENDPOINTS = ("http", "grpc", "metrics", "routes")
+_RESTRICTION_FIELDS = ("http_restricted_api", "grpc_restricted_protocol")
+# A PYSERVE_<FIELD> list is comma-separated, except where an item holds commas itself.
+_ENV_SEPARATORS = dict.fromkeys(_RESTRICTION_FIELDS, ";")
+# A header name is an HTTP token; its value what both HTTP and gRPC metadata carry (';' separates env entries).
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_VALUE = re.compile(r"[\x21-\x3a\x3c-\x7e](?:[\x20-\x3a\x3c-\x7e]*[\x21-\x3a\x3c-\x7e])?")
+
+
+@dataclasses.dataclass(frozen=True)
+class Restriction:
+    """The header a restricted group of endpoints needs: its name (lower case) and its value (never in a repr)."""
+
+    header: str
+    value: str = dataclasses.field(repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,16 +78,44 @@ class ServeConfig:
     request to that file, with when it passed each stage in the core and its instance (``pyserve.core.stage_times``,
     ``benchmarks/hop_budget.py``); empty (the default) turns it off.
 
-    Shared memory (docs/shared-memory.md): ``restricted_api`` is tritonserver's ``--http-restricted-api`` /
-    ``--grpc-restricted-protocol`` value, ``shared-memory:<key>=<value>``: the shared-memory endpoints (register,
-    unregister, status) then need the HTTP header ``<key>: <value>`` (gRPC: the metadata
-    ``triton-grpc-protocol-<key>``), else 403 / PERMISSION_DENIED. Empty (the default): not restricted.
+    Access control (docs/security.md): ``http_restricted_api`` and ``grpc_restricted_protocol`` are tritonserver's
+    ``--http-restricted-api`` / ``--grpc-restricted-protocol``, one entry per group of endpoints sharing a header:
+    ``<group>[,<group>...]:<key>=<value>`` with the groups of ``RESTRICTED_GROUPS`` (health, metadata, inference,
+    shared-memory, model-config, model-repository, statistics, trace, logging). A request to a restricted endpoint
+    without the HTTP header ``<key>: <value>`` (gRPC: the metadata ``triton-grpc-protocol-<key>``) is refused with
+    403 / PERMISSION_DENIED; the value is compared in constant time and never logged or shown. Their
+    ``PYSERVE_<FIELD>`` variables separate entries with ``;`` (a group list holds commas). ``restricted_api``, the
+    older spelling, takes one ``shared-memory:<key>=<value>`` entry for both protocols (docs/shared-memory.md).
+
+    TLS (docs/security.md): ``tls_certfile`` and ``tls_keyfile`` (PEM) make the front ends of ``tls_endpoints``
+    (``http``, ``grpc`` and ``routes`` by default; ``metrics`` too when listed) serve TLS only; ``tls_client_ca``
+    (PEM CA certificates) turns on mutual TLS there: a client must present a certificate one of them signed.
 
     Headers as parameters (docs/binding.md): ``http_header_forward_pattern`` and ``grpc_header_forward_pattern`` are
     tritonserver's ``--http-header-forward-pattern`` / ``--grpc-header-forward-pattern``: a regular expression
     searched, case-insensitively, in the name of each HTTP header (gRPC metadata key) of an infer request; each
     that matches becomes a string request parameter named as the header, in lower case (``req.parameters``). A
     leading ``(?-i)`` makes the match case-sensitive. Empty (the default): nothing is forwarded.
+
+    Hostile clients (docs/security.md): ``http_header_timeout_s`` bounds how long an HTTP request's headers may take
+    to arrive (from the connection's opening or the request's first byte) and how long a half-sent body may pause;
+    past it the server answers 408 and closes the connection (0 turns it off).
+
+    Front doors (docs/routes.md, docs/dashboard.md): ``routes_port`` is where the custom routes of ``Serve.route``
+    are served (uvicorn in the ``Serve`` process; 0 picks a free port; nothing listens while no route is declared).
+    ``dashboard`` False turns off the status page the HTTP port serves at ``/dashboard``.
+
+    Shutdown: on SIGTERM (or ``Serve.stop()``) the server takes no new requests (503 / UNAVAILABLE, not ready) and
+    lets those in flight finish for up to ``exit_timeout_s`` (tritonserver's ``--exit-timeout-secs``, 30 s), then
+    fails what is left and exits.
+
+    Remote models (docs/remote.md): ``remote_port`` (-1, the default: off; 0: a free port) opens a tcp socket on
+    ``remote_host`` (default: ``host``) where ``RemoteServe`` / ``RemoteTriton`` in other processes or hosts attach
+    models whose functions they run themselves. Peers authenticate with ``remote_token`` (at least 16 characters;
+    ``PYSERVE_REMOTE_TOKEN``), and the traffic is encrypted (ZeroMQ CURVE); the token is never logged, shown or
+    passed on a command line. ``remote_advertise`` is the ``tcp://host:port`` peers are told to use (behind NAT or in
+    a container), default the bound address. A peer silent for ``remote_peer_timeout_s`` (it pings every second)
+    is gone: its models are unloaded and their requests fail.
     """
 
     host: str = "127.0.0.1"
@@ -66,6 +124,7 @@ class ServeConfig:
     metrics_port: int = 8002
     log_level: str = "WARNING"
     max_request_bytes: int = 1 << 30
+    http_header_timeout_s: float = 30.0
     shm_threshold_bytes: int = 64 * 1024
     shm_pool_bytes: int = 1 << 30
     transport: str = "ipc"
@@ -88,17 +147,31 @@ class ServeConfig:
     load_model: tuple[str, ...] = ()
     strict_model_config: bool = False
     repository_hooks: tuple[str, ...] = ()
-    restricted_api: str = ""
+    restricted_api: str = dataclasses.field(default="", repr=False)
+    http_restricted_api: tuple[str, ...] = dataclasses.field(default=(), repr=False)
+    grpc_restricted_protocol: tuple[str, ...] = dataclasses.field(default=(), repr=False)
+    tls_certfile: str = ""
+    tls_keyfile: str = ""
+    tls_client_ca: str = ""
+    tls_endpoints: tuple[str, ...] = ("http", "grpc", "routes")
     http_header_forward_pattern: str = ""
     grpc_header_forward_pattern: str = ""
     allow_http: bool = True
     allow_grpc: bool = True
     allow_metrics: bool = True
+    remote_port: int = -1
+    remote_host: str = ""
+    remote_token: str = dataclasses.field(default="", repr=False)
+    remote_advertise: str = ""
+    remote_peer_timeout_s: float = 10.0
+    exit_timeout_s: float = 30.0
+    routes_port: int = 8003
+    dashboard: bool = True
 
     def __post_init__(self) -> None:
         if not (self.allow_http or self.allow_grpc):
             raise ConfigError("allow_http and allow_grpc are both off: a server needs HTTP or gRPC to be called")
-        for name in ("load_model", "repository_hooks"):
+        for name in ("load_model", "repository_hooks", *_RESTRICTION_FIELDS, "tls_endpoints"):
             value = getattr(self, name)
             object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
         if self.model_control_mode not in ("none", "explicit", "poll"):
@@ -111,7 +184,20 @@ class ServeConfig:
             raise ConfigError("load_model names the models to load at start in model_control_mode 'explicit' only")
         if self.transport not in ("ipc", "tcp"):
             raise ConfigError(f"transport must be 'ipc' or 'tcp', got {self.transport!r}")
-        for name in ("http_port", "grpc_port", "metrics_port"):
+        if not -1 <= self.remote_port <= 65535:
+            raise ConfigError(f"remote_port must be -1 (off) or in 0..65535, got {self.remote_port}")
+        if self.exit_timeout_s < 0:
+            raise ConfigError(f"exit_timeout_s must be >= 0, got {self.exit_timeout_s}")
+        if self.remote_peer_timeout_s < 2:
+            raise ConfigError(
+                f"remote_peer_timeout_s must be >= 2 (peers ping every second), got {self.remote_peer_timeout_s}"
+            )
+        if self.remote_port >= 0 and not self.remote_token:
+            raise ConfigError(
+                "remote_port is set but remote_token is empty: remote peers must authenticate (set "
+                "ServeConfig.remote_token or PYSERVE_REMOTE_TOKEN)"
+            )
+        for name in ("http_port", "grpc_port", "metrics_port", "routes_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name} must be in 0..65535, got {port}")
@@ -129,26 +215,55 @@ class ServeConfig:
             raise ConfigError(f"reply_spin_us must be >= 0, got {self.reply_spin_us}")
         if self.log_format not in ("default", "ISO8601", "json"):
             raise ConfigError(f"log_format must be 'default', 'ISO8601' or 'json', got {self.log_format!r}")
-        self.shared_memory_restriction()  # raises ConfigError on a malformed restricted_api
+        self.http_restrictions()  # these raise ConfigError on a malformed or conflicting restriction
+        self.grpc_restrictions()
+        self._check_tls()
         for name in ("http_header_forward_pattern", "grpc_header_forward_pattern"):
             header_pattern(getattr(self, name), name)  # raises ConfigError on a malformed pattern
 
     def shared_memory_restriction(self) -> tuple[str, str] | None:
-        """``(header, value)`` the shared-memory endpoints require (``restricted_api``), or None when open."""
+        """``(header, value)`` the shared-memory endpoints require by ``restricted_api``, or None when it is empty."""
         if not self.restricted_api:
             return None
-        apis, _, setting = self.restricted_api.partition(":")
-        key, _, value = setting.partition("=")
-        names = [name.strip() for name in apis.split(",")]
-        if not key.strip() or not value or not all(names):
-            raise ConfigError(
-                f"restricted_api must be '<apis>:<key>=<value>' (as tritonserver's --http-restricted-api), "
-                f"got {self.restricted_api!r}"
-            )
-        unsupported = [name for name in names if name != "shared-memory"]
+        restrictions = parse_restrictions((self.restricted_api,), "restricted_api")
+        unsupported = [group for group in restrictions if group != "shared-memory"]
         if unsupported:
             raise ConfigError(f"restricted_api: only 'shared-memory' can be restricted, got {', '.join(unsupported)}")
-        return key.strip().lower(), value
+        restriction = restrictions["shared-memory"]
+        return restriction.header, restriction.value
+
+    def http_restrictions(self) -> dict[str, Restriction]:
+        """The HTTP endpoint groups that need a header, by group: ``http_restricted_api`` and ``restricted_api``."""
+        return self._restrictions("http_restricted_api")
+
+    def grpc_restrictions(self) -> dict[str, Restriction]:
+        """The gRPC endpoint groups that need metadata, by group (the key without its ``triton-grpc-protocol-``
+        prefix): ``grpc_restricted_protocol`` and ``restricted_api``."""
+        return self._restrictions("grpc_restricted_protocol")
+
+    def _restrictions(self, field: str) -> dict[str, Restriction]:
+        restrictions = parse_restrictions(getattr(self, field), field)
+        shared_memory = self.shared_memory_restriction()
+        if shared_memory is not None:
+            if "shared-memory" in restrictions:
+                raise ConfigError(f"shared-memory is restricted by both restricted_api and {field}: keep one")
+            restrictions["shared-memory"] = Restriction(*shared_memory)
+        return restrictions
+
+    def uses_tls(self, endpoint: str) -> bool:
+        """Whether the front end ``endpoint`` (one of ``TLS_ENDPOINTS``) serves TLS."""
+        return bool(self.tls_certfile) and endpoint in self.tls_endpoints
+
+    def _check_tls(self) -> None:
+        if bool(self.tls_certfile) != bool(self.tls_keyfile):
+            raise ConfigError("tls_certfile and tls_keyfile go together: give both (PEM files) to serve TLS")
+        if self.tls_client_ca and not self.tls_certfile:
+            raise ConfigError("tls_client_ca (mutual TLS) needs the server's own tls_certfile and tls_keyfile")
+        for endpoint in self.tls_endpoints:
+            if endpoint not in TLS_ENDPOINTS:
+                raise ConfigError(f"tls_endpoints: unknown {endpoint!r}; choose from {', '.join(TLS_ENDPOINTS)}")
+        if self.tls_certfile and not self.tls_endpoints:
+            raise ConfigError("tls_certfile is set but tls_endpoints is empty: name the front ends that serve TLS")
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ServeConfig:
@@ -159,14 +274,57 @@ class ServeConfig:
             if raw is not None:
                 kind: type[Any] = type(field.default)
                 try:
-                    if kind is tuple:  # a comma-separated list
-                        values[field.name] = tuple(item.strip() for item in raw.split(",") if item.strip())
+                    if kind is tuple:  # a list, comma-separated (restrictions: ';'-separated)
+                        separator = _ENV_SEPARATORS.get(field.name, ",")
+                        values[field.name] = tuple(item.strip() for item in raw.split(separator) if item.strip())
                     else:
                         values[field.name] = parse_bool(raw) if kind is bool else kind(raw)
                 except ValueError as exc:
                     raise ConfigError(f"PYSERVE_{field.name.upper()}={raw!r}: expected {kind.__name__}") from exc
         values.update(overrides)
         return cls(**values)
+
+
+def env_value(field: str, value: Any) -> str:
+    """``value`` of the ServeConfig field ``field`` as its ``PYSERVE_<FIELD>`` variable writes it."""
+    if isinstance(value, (tuple, list)):
+        return _ENV_SEPARATORS.get(field, ",").join(value)
+    return str(value)
+
+
+def parse_restrictions(entries: Iterable[str], field: str) -> dict[str, Restriction]:
+    """``{group: Restriction}`` from entries ``<group>[,<group>...]:<key>=<value>`` (tritonserver's format; the value
+    is what follows the first ``=``). A group may be in one entry only. A ConfigError names ``field`` and never the
+    value."""
+    restrictions: dict[str, Restriction] = {}
+    for entry in entries:
+        groups_text, colon, setting = entry.partition(":")
+        key, equals, value = setting.partition("=")
+        key = key.strip()
+        groups = [group.strip() for group in groups_text.split(",")]
+        if not (colon and equals and key and value and all(groups)):
+            # Never the value: at most the groups and the key.
+            shown = f"'{groups_text}:{key}=...'" if equals else f"'{groups_text}:...'" if colon else "no ':'"
+            raise ConfigError(
+                f"{field}: each entry must be '<apis>:<key>=<value>' (as tritonserver's --http-restricted-api and "
+                f"--grpc-restricted-protocol), got {shown}"
+            )
+        if not _HEADER_NAME.fullmatch(key):
+            raise ConfigError(f"{field}: {key!r} is not a header name (letters, digits and !#$%&'*+-.^_`|~)")
+        if not _HEADER_VALUE.fullmatch(value):
+            raise ConfigError(
+                f"{field}: the value for '{key}' must be printable ASCII (no ';', no space at either end), as HTTP "
+                "headers and gRPC metadata carry it"
+            )
+        for group in groups:
+            if group not in RESTRICTED_GROUPS:
+                raise ConfigError(
+                    f"{field}: unknown restricted API group '{group}'; the groups are {', '.join(RESTRICTED_GROUPS)}"
+                )
+            if group in restrictions:
+                raise ConfigError(f"{field}: group '{group}' is in more than one entry; each group takes one header")
+            restrictions[group] = Restriction(key.lower(), value)
+    return restrictions
 
 
 def header_pattern(pattern: str, field: str = "header forward pattern") -> re.Pattern[str] | None:

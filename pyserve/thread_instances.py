@@ -7,14 +7,34 @@ on the read end of one pipe; stopping closes the write end, so no instance needs
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pyserve.config import ModelSpec, ServeConfig
 from pyserve.core_process import STOP_TIMEOUT_S, CoreProcess
 from pyserve.errors import ServerError
 from pyserve.worker.instance import InstanceRunner
+
+
+@dataclass(frozen=True)
+class CoreLink:
+    """Where thread instances connect, and how: the local core's ipc socket, or a remote server's tcp socket."""
+
+    address: str
+    cancel_address: str = ""
+    remote_token: str = ""
+    """Set for a remote server (``RemoteServe``): the socket authenticates with it, and tensors travel inline."""
+    remote_session: str = ""
+    """A remote peer's session: its instances' sockets are named ``<session>/<model>/<index>/<nonce>``."""
+
+    @staticmethod
+    def local(core: CoreProcess) -> CoreLink:
+        """The link to a core this process started."""
+        return CoreLink(core.router_address, core.cancel_address)
 
 
 class ThreadInstances:
@@ -32,7 +52,7 @@ class ThreadInstances:
         self._woken_fd: int | None = None
 
     def start(
-        self, spec: ModelSpec, functions: Sequence[Callable[..., Any]], core: CoreProcess, config: ServeConfig
+        self, spec: ModelSpec, functions: Sequence[Callable[..., Any]], core: CoreLink, config: ServeConfig
     ) -> None:
         """Start one instance per function, placed round-robin on ``spec``'s devices; returns once every one is
         connected to the core. Raises ``ServerError`` when one fails to start or none connects in time."""
@@ -43,17 +63,24 @@ class ThreadInstances:
             event = threading.Event()
             events.append(event)
             runner = InstanceRunner(
-                core.router_address,
+                core.address,
                 spec,
                 function,
                 index,
                 self._session,
-                config.shm_threshold_bytes,
+                # No shared memory with a remote server: every tensor goes inline.
+                sys.maxsize if core.remote_token else config.shm_threshold_bytes,
                 config.shm_pool_bytes,
                 device=devices[index % len(devices)] if devices else "cpu",
                 debug_errors=config.debug_errors,
                 stage_times=bool(config.stage_times),
                 cancel_address=core.cancel_address,
+                remote_token=core.remote_token,
+                routing_id=(
+                    f"{core.remote_session}/{spec.name}/{index}/{uuid.uuid4().hex[:8]}".encode()
+                    if core.remote_session
+                    else b""
+                ),
             )
 
             def on_ready(error: str | None, event: threading.Event = event) -> None:

@@ -144,7 +144,9 @@ def with_inputs(request: Inputs, data: dict[str, NDArray[Any]]) -> Inputs:
     if not isinstance(request, Request):
         return data
     # The cancel flag has no public setter; the copy must still report the original request's cancellation.
-    return Request(data, request.parameters, request.requested_output_names, request.id, request._cancel_flag)
+    return Request(
+        data, request.parameters, request.requested_output_names, request.id, request._cancel_flag, request.sequence
+    )
 
 
 def request_rows(data: Inputs) -> int:

@@ -10,6 +10,11 @@ python=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e ".[dev]"
 mkdir -p .tools
+# The status page's browser test drives Debian's Chromium (tests/integration/test_dashboard.py; skipped without it).
+if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  { apt-get update -qq && apt-get install -y -qq chromium; } >/dev/null 2>&1 \
+    || echo "chromium could not be installed: the status page's browser test will be skipped" >&2
+fi
 if PERF_ANALYZER=$(PYTHON=.venv/bin/python bash scripts/install-perf-analyzer.sh .tools/pa 2>.tools/pa-install.log); then
   export PERF_ANALYZER
 elif [ "${PYSERVE_ALLOW_NO_PERF_ANALYZER:-}" = 1 ]; then

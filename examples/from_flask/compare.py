@@ -1,12 +1,19 @@
-"""Drive the Flask app and the pyserve app with the same Python client and print them side by side.
+"""Drive the Flask app and its pyserve variants with the same Python client and print them side by side.
 
-    python examples/from_flask/compare.py [--duration 5] [--warmup 1] [--concurrency 1,32]
+    python examples/from_flask/compare.py [--duration 5] [--warmup 1] [--concurrency 1,32] [--apps flask,...]
 
-Starts ``flask_app.py`` and ``pyserve_app.py`` on free loopback ports, checks that both answer the same label and
-score for the same features, then for each concurrency measures each server in turn (the other one idles): that many
-threads, each with its own keep-alive ``http.client`` connection, send JSON requests back to back for
-``--duration`` seconds after ``--warmup`` seconds, and decode every JSON answer. Prints throughput, p50 and p99
-latency, the mean batch size pyserve formed, and the ratios pyserve/Flask.
+The apps (``--apps``, default ``flask,pyserve,flask-infer``; the first is the baseline of the ratios):
+
+- ``flask``: ``flask_app.py``, the original (the model runs in each request's thread);
+- ``pyserve``: ``pyserve_app.py``, the model bound to pyserve and called over KServe v2;
+- ``flask-infer``: ``flask_inprocess_app.py``, the Flask app with its model call swapped for ``server.infer``;
+- ``route``: ``routes_app.py``, Flask's ``/predict`` served by pyserve itself (``@server.route``).
+
+Starts them on free loopback ports, checks that all answer the same label and score for the same features, then for
+each concurrency measures each app in turn (the others idle): that many threads, each with its own keep-alive
+``http.client`` connection, send JSON requests back to back for ``--duration`` seconds after ``--warmup`` seconds,
+and decode every JSON answer. Prints throughput, p50 and p99 latency, the mean batch size pyserve formed, and the
+ratios to the first app.
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ class App:
     encode: Callable[[list[float]], bytes]
     decode: Callable[[bytes], tuple[str, float]]
     stats_path: str | None = None
+    stats_port: int | None = None  # where stats_path is served, when not on ``port``
+    arguments: tuple[str, ...] = ()  # more command-line arguments for the script
 
 
 def _flask_body(features: list[float]) -> bytes:
@@ -91,6 +100,48 @@ def pyserve_app(port: int) -> App:
         _pyserve_answer,
         stats_path=f"{model}/stats",
     )
+
+
+def flask_inprocess_app(port: int) -> App:
+    """The Flask app calling the model through ``Serve.infer``, on ``port``."""
+    stats_port = free_port()
+    return App(
+        "Flask+infer",
+        HERE / "flask_inprocess_app.py",
+        port,
+        ("/health",),
+        "/predict",
+        _flask_body,
+        _flask_answer,
+        stats_path="/v2/models/classifier/stats",
+        stats_port=stats_port,
+        arguments=("--pyserve-port", str(stats_port)),
+    )
+
+
+def routes_app(port: int) -> App:
+    """Flask's ``/predict`` served by pyserve's custom routes, on ``port``."""
+    stats_port = free_port()
+    return App(
+        "route",
+        HERE / "routes_app.py",
+        port,
+        ("/health",),
+        "/predict",
+        _flask_body,
+        _flask_answer,
+        stats_path="/v2/models/classifier/stats",
+        stats_port=stats_port,
+        arguments=("--http-port", str(stats_port)),
+    )
+
+
+APPS: dict[str, Callable[[int], App]] = {
+    "flask": flask_app,
+    "pyserve": pyserve_app,
+    "flask-infer": flask_inprocess_app,
+    "route": routes_app,
+}
 
 
 # servers --------------------------------------------------------------------------------------------------------
@@ -139,7 +190,7 @@ def running(apps: Sequence[App], blas_threads: int | None = 1) -> Iterator[None]
     env = blas_environment(blas_threads)
     try:
         for app in apps:
-            command = [sys.executable, str(app.script), "--port", str(app.port)]
+            command = [sys.executable, str(app.script), "--port", str(app.port), *app.arguments]
             processes.append(
                 subprocess.Popen(
                     command,
@@ -277,7 +328,7 @@ def _executions(app: App) -> tuple[int, int] | None:
     """(inference_count, execution_count) from pyserve's statistics; None for Flask."""
     if app.stats_path is None:
         return None
-    status, body = _get(app.port, app.stats_path)
+    status, body = _get(app.stats_port or app.port, app.stats_path)
     stats = json.loads(body)["model_stats"][0] if status == 200 else None
     return None if stats is None else (int(stats["inference_count"]), int(stats["execution_count"]))
 
@@ -285,20 +336,28 @@ def _executions(app: App) -> tuple[int, int] | None:
 # report ---------------------------------------------------------------------------------------------------------
 
 
-def format_report(results: dict[tuple[int, str], LoadResult], concurrencies: Sequence[int]) -> str:
-    """A side-by-side table: Flask, pyserve, and the ratios pyserve/Flask."""
-    header = ["conc", "Flask req/s", "p50 ms", "p99 ms", "pyserve req/s", "p50 ms", "p99 ms", "mean batch"]
-    header += ["req/s ratio", "p99 ratio"]
+def format_report(
+    results: dict[tuple[int, str], LoadResult], concurrencies: Sequence[int], names: Sequence[str]
+) -> str:
+    """One row per concurrency and app: throughput, p50, p99, mean batch, and the ratios to the first app."""
+    header = ["conc", "app", "req/s", "p50 ms", "p99 ms", "mean batch", f"req/s vs {names[0]}", f"p99 vs {names[0]}"]
     rows = [header]
     for concurrency in concurrencies:
-        flask, ours = results[(concurrency, "Flask")], results[(concurrency, "pyserve")]
-        row = [str(concurrency)]
-        for result in (flask, ours):
-            row += [f"{result.throughput:.0f}", f"{result.percentile_ms(50):.2f}", f"{result.percentile_ms(99):.2f}"]
-        row.append("-" if ours.mean_batch is None else f"{ours.mean_batch:.1f}")
-        row.append(f"{ours.throughput / flask.throughput:.2f}x" if flask.throughput else "-")
-        row.append(f"{ours.percentile_ms(99) / flask.percentile_ms(99):.2f}x" if flask.latencies_s else "-")
-        rows.append(row)
+        base = results[(concurrency, names[0])]
+        for name in names:
+            result = results[(concurrency, name)]
+            rows.append(
+                [
+                    str(concurrency),
+                    name,
+                    f"{result.throughput:.0f}",
+                    f"{result.percentile_ms(50):.2f}",
+                    f"{result.percentile_ms(99):.2f}",
+                    "-" if result.mean_batch is None else f"{result.mean_batch:.1f}",
+                    f"{result.throughput / base.throughput:.2f}x" if base.throughput else "-",
+                    f"{result.percentile_ms(99) / base.percentile_ms(99):.2f}x" if base.latencies_s else "-",
+                ]
+            )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [" | ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
     lines = [f"| {line} |" for line in lines]
@@ -312,6 +371,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each cell (default 1)")
     parser.add_argument("--concurrency", default="1,32", help="comma-separated concurrencies (default 1,32)")
     parser.add_argument(
+        "--apps",
+        default="flask,pyserve,flask-infer",
+        help=f"comma-separated apps among {', '.join(APPS)}; the first is the ratios' baseline "
+        "(default flask,pyserve,flask-infer)",
+    )
+    parser.add_argument(
         "--blas-threads",
         type=int,
         default=1,
@@ -319,17 +384,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     concurrencies = [int(part) for part in args.concurrency.split(",")]
-    apps = [flask_app(free_port()), pyserve_app(free_port())]
+    unknown = [name for name in args.apps.split(",") if name not in APPS]
+    if unknown:
+        parser.error(f"unknown app(s) {', '.join(unknown)}; choose among {', '.join(APPS)}")
+    apps = [APPS[name](free_port()) for name in args.apps.split(",")]
     results: dict[tuple[int, str], LoadResult] = {}
     with running(apps, args.blas_threads or None):
         check_same_answers(apps)
-        print("both apps answer the same labels and scores", flush=True)
+        print("the apps answer the same labels and scores", flush=True)
         for concurrency in concurrencies:
             for app in apps:
                 result = drive(app, concurrency, args.duration, args.warmup)
                 results[(concurrency, app.name)] = result
                 print(
-                    f"  {app.name:<8} c{concurrency:<3} {result.throughput:>8.0f} req/s  "
+                    f"  {app.name:<12} c{concurrency:<3} {result.throughput:>8.0f} req/s  "
                     f"p50 {result.percentile_ms(50):>7.2f} ms  p99 {result.percentile_ms(99):>7.2f} ms  "
                     f"errors {result.errors}",
                     flush=True,
@@ -340,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.warmup:g} s warm-up; one client process: threads with keep-alive http.client, JSON both ways; "
         f"BLAS threads per server: {args.blas_threads or 'default'}"
     )
-    print(format_report(results, concurrencies))
+    print(format_report(results, concurrencies, [app.name for app in apps]))
     return 1 if any(result.errors for result in results.values()) else 0
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from pyserve.backends import triton_python_backend_utils as pb_utils
 from pyserve.config import DynamicBatcher, ModelConfig, Tensor, _batcher_from_wire, _batcher_to_wire
 from pyserve.errors import ConfigError
+from pyserve.sequence_config import sequence_from_wire, sequence_to_wire
 
 PB_UTILS_MODULE = "triton_python_backend_utils"
 DESCRIBE_TIMEOUT_S = 30.0  # how long describe() waits for the child that imports a model.py
@@ -113,7 +114,8 @@ def _described_to_wire(described: tuple[list[Tensor], list[Tensor], ModelConfig 
     config_doc = None
     if config is not None:
         batcher = None if config.batcher is None else _batcher_to_wire(config.batcher)
-        config_doc = {**dataclasses.asdict(config), "batcher": batcher}
+        sequences = None if config.sequence_batcher is None else sequence_to_wire(config.sequence_batcher)
+        config_doc = {**dataclasses.asdict(config), "batcher": batcher, "sequence_batcher": sequences}
     return {
         "inputs": [[t.name, t.datatype, list(t.shape), t.optional] for t in inputs],
         "outputs": [[t.name, t.datatype, list(t.shape), t.optional] for t in outputs],
@@ -128,7 +130,14 @@ def _described_from_wire(doc: Any) -> tuple[list[Tensor], list[Tensor], ModelCon
     config = None
     if config_doc is not None:
         batcher = config_doc["batcher"]
-        config = ModelConfig(**{**config_doc, "batcher": None if batcher is None else _batcher_from_wire(batcher)})
+        sequences = config_doc.get("sequence_batcher")
+        config = ModelConfig(
+            **{
+                **config_doc,
+                "batcher": None if batcher is None else _batcher_from_wire(batcher),
+                "sequence_batcher": None if sequences is None else sequence_from_wire(sequences),
+            }
+        )
     inputs = [Tensor(n, d, tuple(s), o) for n, d, s, o in doc["inputs"]]
     outputs = [Tensor(n, d, tuple(s), o) for n, d, s, o in doc["outputs"]]
     return inputs, outputs, config

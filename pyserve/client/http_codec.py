@@ -11,6 +11,7 @@ refused here with a pointer to gRPC, which carries any tensor.
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
@@ -201,7 +202,12 @@ def _json(data: bytes | memoryview, what: str) -> dict[str, Any]:
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise ClientError(f"the server sent {what} that is not JSON: {exc}") from None
+        # Servers write NaN and Infinity as bare tokens in JSON tensors (Triton and pyserve do); orjson refuses
+        # them, the standard library reads them.
+        try:
+            doc = json.loads(bytes(data))
+        except ValueError:
+            raise ClientError(f"the server sent {what} that is not JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise ClientError(f"the server sent {what} that is not a JSON object")
     return doc

@@ -20,11 +20,16 @@ import orjson
 
 from pyserve.config import ServeConfig
 from pyserve.core.server import CoreServer
+from pyserve.core.supervisor import STOP_TIMEOUT_S
 from pyserve.errors import ServerError
 from pyserve.frontends.listeners import Listeners, start_listeners
 from pyserve.telemetry.logging_setup import configure_logging
+from pyserve.transport.curve import TOKEN_ENV
 
 logger = logging.getLogger("pyserve.core")
+
+# How long process instances still busy after the drain get between SIGTERM and SIGKILL.
+_BUSY_GRACE_S = 0.5
 
 
 def main() -> None:
@@ -37,7 +42,7 @@ def main() -> None:
         "--ready-fd", type=int, default=None, help='write the bound ports here once serving, or {"error": ...}'
     )
     args = parser.parse_args()
-    config = ServeConfig(**orjson.loads(args.config))
+    config = ServeConfig(**{**orjson.loads(args.config), "remote_token": os.environ.pop(TOKEN_ENV, "")})
     configure_logging(config.log_level, config.log_format)
     try:
         _run(serve_core(config, args.router, args.shm_prefix, args.parent_pid, args.ready_fd))
@@ -60,6 +65,7 @@ async def serve_core(
     if parent_pid and os.getppid() != parent_pid:
         return
     listeners: Listeners | None = None
+    grace_s = STOP_TIMEOUT_S
     try:
         await core.start()
         listeners = await start_listeners(core.api, config)
@@ -70,15 +76,25 @@ async def serve_core(
                 "metrics_port": listeners.metrics_port,
                 "router": core.router_address,
                 "cancel": core.batches.cancel_address,
+                "remote": core.remote_address,
             }
             os.write(ready_fd, orjson.dumps(ready) + b"\n")
             os.close(ready_fd)
         await core.wait_stopped()
+        # Graceful: take nothing new, let what was accepted finish (at most exit_timeout_s), then close.
+        # (Not when the parent died: its thread instances died with it.)
+        core.begin_drain()
+        listeners.stop_accepting()
+        timeout_s = 0.0 if core.parent_gone else config.exit_timeout_s
+        left, _ = await asyncio.gather(core.drain(timeout_s), listeners.stop_grpc(grace_s=timeout_s))
+        if left:
+            logger.warning("stopping with %d request(s) still in flight after %.1f s", left, timeout_s)
+            grace_s = _BUSY_GRACE_S  # instances still busy past the timeout are not waited for long
     finally:
         # Front ends first: nothing new arrives while the core fails what is in flight.
         if listeners is not None:
             await listeners.close()
-        await core.close()
+        await core.close(grace_s)
 
 
 def _run(main: Coroutine[Any, Any, None]) -> None:

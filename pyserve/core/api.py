@@ -10,7 +10,7 @@ can be tested against a ``CoreApi`` built from fakes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from pyserve.core.inference import InferenceRequest, ModelEntry, SharedMemorySlice
@@ -117,6 +117,21 @@ class SharedMemoryControls(Protocol):
         ...
 
 
+class StatusView(Protocol):
+    """What the status page (``pyserve.frontends.dashboard``) reads beyond the statistics
+    (``pyserve.core.status.CoreStatus``)."""
+
+    def instances(self, entry: ModelEntry) -> list[dict[str, Any]]:
+        """Each instance of a model version: ``index``, ``kind`` (thread, process, remote), ``pid`` (0 while it has
+        no process), ``device``, ``restarts``, ``state`` (idle, busy, starting, restarting)."""
+        ...
+
+    def latency_quantiles(self, entry: ModelEntry, quantiles: Sequence[float]) -> list[float] | None:
+        """Request latency quantiles in µs over the last minute, NaN where nothing was observed; None unless the
+        latency summaries are on (``ServeConfig.metrics_summaries``)."""
+        ...
+
+
 class CoreApi:
     """The core, as a front end sees it.
 
@@ -132,6 +147,9 @@ class CoreApi:
     - ``repository``: the repository index, load and unload (``RepositoryControls``).
     - ``stage_times``: the stage-times recorder (``StageRecorder``), None unless ``ServeConfig.stage_times`` is on.
     - ``shared_memory``: the clients' shared-memory regions (``SharedMemoryControls``).
+    - ``remote_address``: where remote peers attach (``tcp://host:port``), "" when the remote port is off.
+    - ``status``: the instances and latency quantiles the status page shows (``StatusView``), None where the core
+      does not say (a front end then shows what ``models`` tells).
 
     The members are the core's own bound methods and objects, so calling through this object costs what calling
     the core directly would.
@@ -143,9 +161,11 @@ class CoreApi:
         "logs",
         "metrics_page",
         "models",
+        "remote_address",
         "repository",
         "shared_memory",
         "stage_times",
+        "status",
         "submit",
         "tracing",
     )
@@ -163,8 +183,11 @@ class CoreApi:
         repository: RepositoryControls,
         shared_memory: SharedMemoryControls,
         stage_times: StageRecorder | None = None,
+        remote_address: str = "",
+        status: StatusView | None = None,
     ) -> None:
         self.submit = submit
+        self.remote_address = remote_address
         self.cancel = cancel
         self.is_ready = is_ready
         self.models = models
@@ -174,6 +197,7 @@ class CoreApi:
         self.stage_times = stage_times
         self.repository = repository
         self.shared_memory = shared_memory
+        self.status = status
 
     def is_live(self) -> bool:
         """Whether the core answers: always, while its loop runs (anything that can ask, gets True)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -26,7 +26,7 @@ from pyserve.core.request_flow import fail, respond
 from pyserve.core.stage_times import StageTimes
 from pyserve.core.stats import BACKEND, CANCELED, OTHER
 from pyserve.core.tracing import Tracing
-from pyserve.errors import InferenceError
+from pyserve.errors import InferenceError, RequestTimeoutError
 from pyserve.transport.messages import FrameWriter, Loc, pack_header, read_buffer
 from pyserve.transport.protocol import MERGED, BatchResult, CancelNotice, FreeSlots, Header, InferBatch
 from pyserve.transport.shm import LARGE_SLOT_BYTES, ShmPool, ShmReader
@@ -50,6 +50,9 @@ class PendingBatch:
     slots: list[str]
     rows: int
     dispatched_ns: int
+    # ModelConfig.execution_timeout_s: the timer that fails the batch when its instance takes too long.
+    timer: asyncio.TimerHandle | None = None
+    timed_out: bool = False
 
 
 class BatchesInFlight:
@@ -83,6 +86,8 @@ class BatchesInFlight:
         self._cancel_socket: zmq.Socket[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.cancel_address = ""
+        # What to do with an instance whose batch ran past its execution timeout (WorkerControl.on_hung).
+        self.on_hung: Callable[[Instance, str], None] = lambda instance, why: None
 
     # cancel publisher ---------------------------------------------------------------------------------------------
 
@@ -130,10 +135,12 @@ class BatchesInFlight:
         now = time.monotonic_ns()
         self._next_batch_id += 1
         batch_id = self._next_batch_id
-        writer = FrameWriter(self._pool, self._threshold)
+        # A remote instance shares no memory with the core: everything goes in the frames.
+        remote = instance.remote
+        writer = FrameWriter(None if remote else self._pool, self._threshold)
         blocks: list[Any] = []
         head = batch[0]
-        single = len(batch) == 1
+        single = len(batch) == 1 and not remote
         if entry.batching:
             rows = 0
             for request in batch:
@@ -149,18 +156,26 @@ class BatchesInFlight:
         else:
             rows = 1
             for name, tensor in head.inputs.items():
-                if tensor.location is not None and tensor.nbytes >= LARGE_SLOT_BYTES:
+                if tensor.location is not None and tensor.nbytes >= LARGE_SLOT_BYTES and not remote:
                     loc = _in_client_segment(tensor.location, tensor.nbytes)
                 else:
                     loc = writer.add(tensor.buffer(), tensor.nbytes)
                 blocks.append([name, tensor.datatype, tensor.shape, loc, 0])
         trace = self._tracing.on_dispatch(batch) if self._tracing.active else None
         requests = [[r.id, r.parameters, r.requested_outputs, r.rows] for r in batch]
-        header = InferBatch.build(batch_id, requests, blocks, trace)
+        if head.sequence is None:
+            header = InferBatch.build(batch_id, requests, blocks, trace)
+        else:  # a stateful model's (pyserve.core.sequence_batcher)
+            released, instance.released_sequences = instance.released_sequences, []
+            sequences: list[Any] = [request.sequence for request in batch]
+            header = InferBatch.build(batch_id, requests, blocks, trace, sequences, released)
         for index, request in enumerate(batch):
             request.batch_id = batch_id
             request.batch_index = index
-        self.pending[batch_id] = PendingBatch(batch, instance, entry, writer.slots, rows, now)
+        pending = self.pending[batch_id] = PendingBatch(batch, instance, entry, writer.slots, rows, now)
+        timeout_s = entry.spec.config.execution_timeout_s
+        if timeout_s is not None and self._loop is not None and not entry.spec.config.decoupled:
+            pending.timer = self._loop.call_later(timeout_s, self._on_execution_timeout, batch_id, timeout_s)
         instance.batch_id = batch_id
         if self._stage_times is not None:
             self._stage_times.sent(batch)
@@ -176,6 +191,18 @@ class BatchesInFlight:
         entry = pending.entry
         stats = entry.stats
         now = time.monotonic_ns()
+        if final and pending.timer is not None:
+            pending.timer.cancel()
+        if pending.timed_out:
+            # Its requests were failed at the timeout: the late result only frees the instance.
+            if final:
+                for name in pending.slots:
+                    self._pool.release(name)
+                if entry.scheduler is not None and pending.instance.identity in self._connected:
+                    entry.scheduler.instance_done(pending.instance)
+                if result.slots:
+                    self._free_slots(pending.instance.identity, result.slots)
+            return
         if final:
             if self._stage_times is not None:
                 self._stage_times.received(pending.requests, result.stage_times, now)
@@ -226,6 +253,26 @@ class BatchesInFlight:
             if lease is not None:
                 lease.drop()
 
+    def _on_execution_timeout(self, batch_id: int, timeout_s: float) -> None:
+        pending = self.pending.get(batch_id)
+        if pending is None or pending.timed_out:
+            return
+        pending.timed_out = True
+        pending.timer = None
+        instance = pending.instance
+        model = pending.entry.name
+        error = RequestTimeoutError(
+            f"model '{model}': instance {instance.index} did not finish the batch within its execution timeout "
+            f"({timeout_s:g} s, ModelConfig.execution_timeout_s)"
+        )
+        stats = pending.entry.stats
+        stats.record_failed_execution()
+        now = time.monotonic_ns()
+        for request in pending.requests:
+            stats.record_failure(OTHER, now - request.arrival_ns)
+            fail(request, error)
+        self.on_hung(instance, f"{error}")
+
     def _free_slots(self, identity: bytes, slots: list[str]) -> None:
         if identity in self._connected:
             self._send(identity, FreeSlots.build(slots), None)
@@ -237,6 +284,8 @@ class BatchesInFlight:
         for batch_id, pending in list(self.pending.items()):
             if pending.instance is instance:
                 del self.pending[batch_id]
+                if pending.timer is not None:
+                    pending.timer.cancel()
                 for name in pending.slots:
                     self._pool.release(name)
                 stats = pending.entry.stats
@@ -249,6 +298,8 @@ class BatchesInFlight:
     def fail_all(self, error: InferenceError) -> None:
         """Fail every request in flight (the server is shutting down)."""
         for pending in list(self.pending.values()):
+            if pending.timer is not None:
+                pending.timer.cancel()
             for request in pending.requests:
                 fail(request, error)
         self.pending.clear()

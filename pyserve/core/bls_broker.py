@@ -35,6 +35,7 @@ from pyserve.core.ensemble_executor import EnsembleEntry, EnsembleExecutor
 from pyserve.core.infer_call import InferCall, build_request, check_parameter_names, tensor_from_binary
 from pyserve.core.inference import InferenceRequest, InferenceResponse, InputTensor, Instance, ModelEntry
 from pyserve.core.registry import Registry
+from pyserve.core.remote_peers import is_remote
 from pyserve.dtypes import DATATYPES
 from pyserve.errors import (
     DeadlockError,
@@ -223,8 +224,10 @@ class BlsBroker:
         descriptors: list[TensorDescriptor] = []
         frames: list[Any] = []
         in_shm = False
+        # A remote caller cannot read this host's segments: its outputs go in the frames.
+        inline = is_remote(call.identity)
         for output in response.outputs:
-            if output.shm is not None:
+            if output.shm is not None and not inline:
                 loc: Any = output.shm
                 in_shm = True
             else:

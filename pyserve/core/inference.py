@@ -180,11 +180,18 @@ class InferenceRequest:
     # gRPC requests may not: grpc.aio's completion-queue thread needs the interpreter lock the polling loop holds
     # (measured in docs/architecture.md, "gRPC throughput").
     reply_spin: bool = True
+    # A stateful model's request: [correlation id, flags, slot] as its instance hears it (pyserve.core.sequence_batcher
+    # sets it; transport.protocol.SequenceEntry); None otherwise.
+    sequence: list[Any] | None = None
+
+
+REMOTE_KIND = "remote"
+"""The kind of an instance on a remote peer (``pyserve.core.remote_peers``): its tensors travel inline."""
 
 
 @dataclass(eq=False)
 class Instance:
-    """One connected worker instance of a model."""
+    """One connected worker instance of a model (kind: ``thread``, ``process`` or ``remote``)."""
 
     identity: bytes
     index: int
@@ -192,6 +199,13 @@ class Instance:
     pid: int
     busy: bool = False
     batch_id: int = 0
+    # Correlation IDs of sequences released on this instance, told with its next batch (pyserve.core.sequence_batcher).
+    released_sequences: list[Any] = field(default_factory=list)
+
+    @property
+    def remote(self) -> bool:
+        """Whether it runs on a remote peer: no shared memory between it and the core."""
+        return self.kind == REMOTE_KIND
 
 
 class ResponseOrdering(Protocol):
@@ -220,7 +234,9 @@ class Scheduler(Protocol):
 
     def add_instance(self, instance: Instance) -> None: ...
 
-    def remove_instance(self, instance: Instance) -> None: ...
+    def remove_instance(self, instance: Instance, error: InferenceError | None = None) -> None:
+        """``error``: why it went away (a stateful model's sequences on it fail with the reason)."""
+        ...
 
     def instance_done(self, instance: Instance) -> None: ...
 

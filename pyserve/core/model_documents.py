@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyserve.config import ModelSpec
+from pyserve.config import ControlKind, ModelSpec, SequenceBatcher, SequenceStrategy
 from pyserve.dtypes import config_type
 
 
@@ -83,6 +83,8 @@ def model_config_json(spec: ModelSpec) -> dict[str, Any]:
         }
         if batcher.default_queue_policy != type(batcher.default_queue_policy)():
             doc["dynamic_batching"]["default_queue_policy"] = _policy_json(batcher.default_queue_policy)
+    if cfg.sequence_batcher is not None:
+        doc["sequence_batching"] = sequence_batching_json(cfg.sequence_batcher, cfg.max_batch_size)
     gpus = [int(d.split(":", 1)[1]) for d in cfg.devices if d.startswith("cuda:")]
     doc["instance_group"] = [
         {
@@ -111,4 +113,75 @@ def _policy_json(policy: Any) -> dict[str, Any]:
         "default_timeout_microseconds": policy.default_timeout_microseconds,
         "allow_timeout_override": policy.allow_timeout_override,
         "max_queue_size": policy.max_queue_size,
+    }
+
+
+def sequence_batching_json(batcher: SequenceBatcher, max_batch_size: int) -> dict[str, Any]:
+    """A sequence batcher as Triton's config JSON shows ``sequence_batching`` (its defaults filled in as Triton fills
+    them: an ``oldest`` strategy without preferred sizes prefers ``max_batch_size``)."""
+    if batcher.strategy is SequenceStrategy.OLDEST:
+        preferred = list(batcher.preferred_batch_size) or ([max_batch_size] if max_batch_size > 0 else [])
+        strategy: dict[str, Any] = {
+            "oldest": {
+                "max_candidate_sequences": batcher.max_candidate_sequences,
+                "preferred_batch_size": preferred,
+                "max_queue_delay_microseconds": batcher.max_queue_delay_microseconds,
+                "preserve_ordering": batcher.preserve_ordering,
+            }
+        }
+    else:
+        strategy = {
+            "direct": {
+                "max_queue_delay_microseconds": batcher.max_queue_delay_microseconds,
+                "minimum_slot_utilization": batcher.minimum_slot_utilization,
+            }
+        }
+    controls = []
+    for control in batcher.control_inputs:
+        values = list(control.false_true) if control.false_true is not None else []
+        datatype = control.datatype
+        controls.append(
+            {
+                "name": control.name,
+                "control": [
+                    {
+                        "kind": ControlKind(control.kind).value,
+                        "int32_false_true": values if datatype == "INT32" and values else [],
+                        "fp32_false_true": values if datatype == "FP32" else [],
+                        "bool_false_true": values if datatype == "BOOL" else [],
+                        "data_type": config_type(datatype) if control.kind is ControlKind.CORRID else "TYPE_INVALID",
+                    }
+                ],
+            }
+        )
+    states = []
+    for state in batcher.states:
+        initial: list[dict[str, Any]] = []
+        value = state.initial_value
+        if value is not None:
+            # Triton's initial state is zeros or a file's data: a value given in Python shows as zero_data only
+            # when it is zeros.
+            zero = all(len(item) == 0 for item in value.flat) if value.dtype == object else not value.any()
+            entry: dict[str, Any] = {"data_type": config_type(state.datatype), "dims": list(value.shape)}
+            if zero:
+                entry["zero_data"] = True
+            entry["name"] = ""
+            initial.append(entry)
+        states.append(
+            {
+                "input_name": state.input_name,
+                "output_name": state.output_name,
+                "data_type": config_type(state.datatype),
+                "dims": list(state.shape),
+                "initial_state": initial,
+                "use_same_buffer_for_input_output": False,
+                "use_growable_memory": False,
+            }
+        )
+    return {
+        **strategy,
+        "max_sequence_idle_microseconds": batcher.max_sequence_idle_microseconds,
+        "control_input": controls,
+        "state": states,
+        "iterative_sequence": False,
     }

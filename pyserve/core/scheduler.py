@@ -149,8 +149,8 @@ class ModelScheduler:
         self._idle.append(instance)
         self.schedule()
 
-    def remove_instance(self, instance: Instance) -> None:
-        """An instance that went away."""
+    def remove_instance(self, instance: Instance, error: InferenceError | None = None) -> None:
+        """An instance that went away (``error``, why, is not needed here: its batch fails in ``BatchesInFlight``)."""
         if instance in self._idle:
             self._idle.remove(instance)
 

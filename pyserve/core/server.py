@@ -31,20 +31,30 @@ from pyserve.core.api import CoreApi
 from pyserve.core.batches import BatchesInFlight
 from pyserve.core.bls_broker import BlsBroker
 from pyserve.core.cache import ResponseCache
-from pyserve.core.inference import Instance, ModelEntry
+from pyserve.core.inference import InferenceRequest, Instance, ModelEntry
 from pyserve.core.logs import log_settings
 from pyserve.core.metrics_collector import CoreMetrics
 from pyserve.core.registry import Registry
+from pyserve.core.remote_peers import RemotePeers, is_remote
 from pyserve.core.repository_control import RepositoryControl
 from pyserve.core.request_flow import RequestFlow, fail
 from pyserve.core.shm_regions import SharedMemoryRegistry
 from pyserve.core.stage_times import stage_times
-from pyserve.core.supervisor import open_pidfd
+from pyserve.core.status import CoreStatus
+from pyserve.core.supervisor import STOP_TIMEOUT_S, open_pidfd
 from pyserve.core.tracing import Tracing
 from pyserve.core.worker_control import WorkerControl
-from pyserve.errors import ModelNotReadyError
+from pyserve.errors import ModelNotReadyError, PyServeError, ServerError
 from pyserve.transport.messages import pack_header, unpack_header
-from pyserve.transport.protocol import BatchResult, ControlReply, Header, MessageKind, Shutdown, kind_of
+from pyserve.transport.protocol import (
+    BatchResult,
+    ControlReply,
+    Header,
+    MessageKind,
+    OpenRemote,
+    Shutdown,
+    kind_of,
+)
 from pyserve.transport.shm import ShmPool, ShmReader, remove_segments
 
 logger = logging.getLogger(__name__)
@@ -52,6 +62,8 @@ logger = logging.getLogger(__name__)
 # The core watches its parent through a pidfd rather than PR_SET_PDEATHSIG, which fires when the spawning *thread*
 # exits; where there are no pidfds it looks at its parent pid this often.
 _PARENT_CHECK_S = 0.5
+
+_DRAIN_POLL_S = 0.02
 
 # The messages the BLS broker owns.
 _BLS_KINDS = frozenset({MessageKind.BLS_REQUEST, MessageKind.BLS_CANCEL, MessageKind.BLS_FREE})
@@ -69,6 +81,7 @@ class CoreServer:
         self.router_address = router_address
         self.shm_prefix = shm_prefix
         self.parent_pid = parent_pid
+        self.parent_gone = False
         self.registry = Registry()
         self._socket: zmq.Socket[Any] | None = None
         # After a batch is sent, the loop polls the worker socket for up to reply_spin_us instead of sleeping
@@ -122,6 +135,7 @@ class CoreServer:
             send=self._send,
             is_stopping=self._is_stopping,
         )
+        self.batches.on_hung = self.workers.on_hung
         self.repository = RepositoryControl(config, self.registry, self.workers)
         # Clients' shared-memory regions: mapped while registered, never unlinked (the clients own them).
         self.shared_memory = SharedMemoryRegistry(shm_prefix)
@@ -136,12 +150,17 @@ class CoreServer:
             stage_times=self.stage_times,
             repository=self.repository,
             shared_memory=self.shared_memory,
+            status=CoreStatus(self.workers),
         )
         # Bound once: the router runs for every message.
+        # Remote peers (RemoteServe) on a tcp socket of their own, when ServeConfig.remote_port is set.
+        self._remote: RemotePeers | None = None
+        self.remote_address = ""
         self._on_result = self.batches.on_result
         self._on_bls = self.bls.on_message
         self._control = dict(self.workers.handlers)
         self._control[MessageKind.SERVING] = self._on_serving
+        self._control[MessageKind.OPEN_REMOTE] = self._on_open_remote
 
     # lifecycle ------------------------------------------------------------------------------------------------
 
@@ -160,7 +179,34 @@ class CoreServer:
         self._loop.add_reader(socket.fileno(), self._drain)
         self.batches.start_cancel_publisher(self.router_address, self._loop)
         self.workers.start(self.router_address, self._loop)
+        if self.config.remote_port >= 0:
+            self._start_remote(self._loop, self.config.remote_token)
         self.repository.start()
+
+    def _on_open_remote(self, identity: bytes, header: Header) -> None:
+        message = OpenRemote(header)
+        if self._remote is None:
+            try:
+                assert self._loop is not None
+                self._start_remote(self._loop, message.token)
+            except PyServeError as exc:
+                self._send(identity, ControlReply.build_error(message.request_id, str(exc)))
+                return
+        self._send(identity, ControlReply.build_ok(message.request_id, self.remote_address))
+
+    def _start_remote(self, loop: asyncio.AbstractEventLoop, token: str) -> None:
+        config = self.config
+        host = config.remote_host or config.host
+        port = str(config.remote_port if config.remote_port > 0 else "*")  # ZeroMQ's word for any free port
+        address = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+        remote = RemotePeers(address, token, self._on_message, self.workers.remote_gone, config.remote_peer_timeout_s)
+        try:
+            bound = remote.start(loop)
+        except (zmq.ZMQError, PyServeError) as exc:
+            remote.close()
+            raise ServerError(f"could not open the remote port {address}: {exc}") from None
+        self._remote = remote
+        self.remote_address = self.api.remote_address = config.remote_advertise or bound
 
     def _on_serving(self, identity: bytes, header: Header) -> None:
         # Serve loaded what it bound before start; the answer waits for the repository's models loaded at start.
@@ -202,6 +248,8 @@ class CoreServer:
                 os.close(parent_fd)
 
     def _parent_gone(self) -> None:
+        # Its thread instances died with it: nothing in flight there can finish, so there is nothing to drain.
+        self.parent_gone = True
         if self._stopping is not None and not self._stopping.is_set():
             logger.warning("parent process %d is gone; stopping", self.parent_pid)
             self.stop()
@@ -211,17 +259,20 @@ class CoreServer:
         if self._stopping is not None:
             self._stopping.set()
 
-    async def close(self) -> None:
-        """Fail what is in flight; release sockets, instance processes and shared memory. Close the front ends
-        first, so that nothing new arrives meanwhile."""
+    async def close(self, grace_s: float = STOP_TIMEOUT_S) -> None:
+        """Fail what is in flight; release sockets, instance processes (killed if they have not exited ``grace_s``
+        after SIGTERM) and shared memory. Close the front ends first, so that nothing new arrives meanwhile."""
         for entry in self.registry.entries():
             if entry.scheduler is not None:
                 for request in entry.scheduler.drain():
                     fail(request, ModelNotReadyError("the server is shutting down"))
         self.batches.fail_all(ModelNotReadyError("the server is shutting down"))
         self.repository.close()
-        self.workers.close()
+        self.workers.close(grace_s)
         self.batches.close()
+        if self._remote is not None:
+            self._remote.close()
+            self._remote = None
         if self._socket is not None and self._loop is not None:
             self._loop.remove_reader(self._socket.fileno())
             self._socket.close(linger=0)
@@ -235,6 +286,32 @@ class CoreServer:
             self.stage_times.close()
         remove_segments(self.shm_prefix)
         _remove_ipc_endpoint(self.router_address)
+
+    # draining (graceful shutdown) ----------------------------------------------------------------------------------
+
+    def begin_drain(self) -> None:
+        """Take no new requests (front ends get ModelNotReadyError: 503 / UNAVAILABLE) and report not ready; what
+        was accepted goes on, BLS calls and ensemble steps included."""
+        self.workers.draining = True
+
+        def refuse(request: InferenceRequest) -> None:
+            raise ModelNotReadyError("the server is shutting down: it takes no new requests")
+
+        self.api.submit = refuse
+
+    def in_flight(self) -> int:
+        """Requests accepted and not yet answered: queued at a model, in a running batch, or ensembles under way."""
+        queued = sum(entry.scheduler.queued_count() for entry in self.registry.entries() if entry.scheduler is not None)
+        running = sum(len(pending.requests) for pending in self.batches.pending.values())
+        return queued + running + len(self.requests.ensembles)
+
+    async def drain(self, timeout_s: float) -> int:
+        """Wait until nothing is in flight, at most ``timeout_s``; returns how many requests were left."""
+        assert self._loop is not None
+        deadline = self._loop.time() + timeout_s
+        while (left := self.in_flight()) and self._loop.time() < deadline:
+            await asyncio.sleep(_DRAIN_POLL_S)
+        return left
 
     def _is_stopping(self) -> bool:
         return self._stopping is not None and self._stopping.is_set()
@@ -275,6 +352,10 @@ class CoreServer:
 
     def _send(self, identity: bytes, header: Header, frames: list[Any] | None = None, spin: bool = True) -> None:
         assert self._loop is not None
+        if is_remote(identity):
+            if self._remote is not None:
+                self._remote.send(identity, [pack_header(header), *(frames or ())])
+            return
         if self._socket is None:
             return  # closed: the core is stopping
         try:

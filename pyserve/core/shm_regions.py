@@ -152,7 +152,7 @@ class SystemRegion:
 def segment_of(key: str) -> str:
     """The ``/dev/shm`` file name of a POSIX shared-memory key (``/name``, as shm_open takes it)."""
     name = key[1:] if key.startswith("/") else key
-    if not name or "/" in name or name in (".", ".."):
+    if not name or "/" in name or "\x00" in name or name in (".", ".."):
         raise InvalidInputError(
             f"shared memory key must be one name such as '/input0' (as shm_open takes), got {key!r}"
         )

@@ -26,10 +26,12 @@ from pyserve.devices import VISIBLE_DEVICES, pinned_visible_devices
 
 logger = logging.getLogger(__name__)
 
-BACKOFF_START_S = 0.5
+# The first restart comes quickly (an instance killed under load is back within ~1 s: the delay plus its start);
+# a process that keeps dying waits twice as long each time.
+BACKOFF_START_S = 0.1
 BACKOFF_MAX_S = 30.0
 # A process that lived this long is considered healthy again: its next restart starts from the first delay.
-HEALTHY_AFTER_S = 60.0
+HEALTHY_AFTER_S = 30.0
 STOP_TIMEOUT_S = 5.0
 # Where the system offers no pidfds, how often running processes are looked at.
 POLL_S = 0.1
@@ -255,11 +257,11 @@ class Supervisor:
         self.workers = [w for w in self.workers if w not in doomed]
         for worker in doomed:
             self._unwatch(worker)
-        _terminate([w.process for w in doomed if w.process is not None])
+        _terminate([w.process for w in doomed if w.process is not None], STOP_TIMEOUT_S)
         self._arm()
 
-    def close(self) -> None:
-        """Stop every worker process (SIGTERM, then SIGKILL after a grace period)."""
+    def close(self, grace_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop every worker process (SIGTERM, then SIGKILL after ``grace_s``)."""
         processes = [w.process for w in self.workers if w.process is not None]
         for worker in self.workers:
             self._unwatch(worker)
@@ -267,7 +269,7 @@ class Supervisor:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        _terminate(processes)
+        _terminate(processes, grace_s)
         if self._lifeline is not None:
             for fd in self._lifeline:
                 os.close(fd)
@@ -299,11 +301,11 @@ class Supervisor:
             self._timer = self._loop.call_later(max(0.0, min(delays)) + 0.001, self.poll)
 
 
-def _terminate(processes: list[subprocess.Popen[bytes]]) -> None:
+def _terminate(processes: list[subprocess.Popen[bytes]], grace_s: float) -> None:
     for process in processes:
         if process.poll() is None:
             process.terminate()
-    deadline = time.monotonic() + STOP_TIMEOUT_S
+    deadline = time.monotonic() + grace_s
     for process in processes:
         try:
             process.wait(max(0.0, deadline - time.monotonic()))

@@ -96,7 +96,7 @@ class TraceSettings:
 
     def _parse(self, key: str, value: Any) -> Any:
         if key == "trace_level":
-            levels = [value] if isinstance(value, str) else list(value)
+            levels = [value] if isinstance(value, str) else list(value) if isinstance(value, list) else []
             if not levels or not all(isinstance(level, str) for level in levels):
                 raise InvalidInputError(f"trace_level must be a list of levels, got {value!r}")
             levels = [level.upper() for level in levels]

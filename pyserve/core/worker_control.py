@@ -23,13 +23,15 @@ from pyserve.config import ModelSpec, ServeConfig, WorkerKind
 from pyserve.core.batches import BatchesInFlight, Send
 from pyserve.core.bls_broker import BlsBroker
 from pyserve.core.ensemble_executor import load_ensemble
-from pyserve.core.inference import Instance, ModelEntry
+from pyserve.core.inference import REMOTE_KIND, Instance, ModelEntry
 from pyserve.core.metrics_collector import CoreMetrics
 from pyserve.core.registry import Registry
+from pyserve.core.remote_peers import is_remote
 from pyserve.core.request_flow import deliver, fail, reject
 from pyserve.core.response_orderer import ResponseOrderer
 from pyserve.core.scheduler import ModelScheduler
-from pyserve.core.supervisor import Supervisor, WorkerProcess, describe_exit
+from pyserve.core.sequence_batcher import SequenceScheduler
+from pyserve.core.supervisor import STOP_TIMEOUT_S, Supervisor, WorkerProcess, describe_exit
 from pyserve.errors import (
     ConfigError,
     InferenceError,
@@ -87,6 +89,7 @@ class WorkerControl:
     ) -> None:
         self.registry = registry
         self.serving = False
+        self.draining = False  # the server is shutting down: not ready, whatever the models say
         self._config = config
         self._shm_prefix = shm_prefix
         self._connected = connected
@@ -102,6 +105,8 @@ class WorkerControl:
         # A model version whose process instances are starting -> what to call once they all said hello.
         self._loading: dict[ModelEntry, Callable[[str | None], None]] = {}
         self._payloads = 0
+        # A remote peer's control identity -> the model versions it loaded (unloaded when it disconnects).
+        self._remote_models: dict[bytes, set[tuple[str, int]]] = {}
         self.handlers: dict[str, Handler] = {
             MessageKind.HELLO: self._on_hello,
             MessageKind.BYE: self._on_bye,
@@ -129,16 +134,16 @@ class WorkerControl:
             cancel_address=self._batches.cancel_address,
         )
 
-    def close(self) -> None:
-        """Stop every instance process; remove the functions shipped to them."""
+    def close(self, grace_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop every instance process (killed after ``grace_s``); remove the functions shipped to them."""
         if self._supervisor is not None:
-            self._supervisor.close()
+            self._supervisor.close(grace_s)
         if self._work_dir:
             shutil.rmtree(self._work_dir, ignore_errors=True)
 
     def is_ready(self) -> bool:
         """Server readiness: the models bound before start are loaded, and every model has a live instance."""
-        return self.serving and all(entry.ready for entry in self.registry.entries())
+        return self.serving and not self.draining and all(entry.ready for entry in self.registry.entries())
 
     # models -------------------------------------------------------------------------------------------------------
 
@@ -157,6 +162,15 @@ class WorkerControl:
             spec = load.spec
         except PyServeError as exc:
             answer(str(exc))
+            return
+        if is_remote(identity):
+            # A remote peer's models go when it does (remote_gone).
+            def answer_remote(error: str | None) -> None:
+                if error is None:
+                    self._remote_models.setdefault(identity, set()).add((spec.name, spec.version))
+                answer(error)
+
+            self.load_model(spec, load.payload, answer_remote)
             return
         self.load_model(spec, load.payload, answer)
 
@@ -195,8 +209,12 @@ class WorkerControl:
     def _served(self, name: str, version: int) -> ModelEntry | None:
         return next((e for e in self.registry.versions(name) if e.version == version), None)
 
-    def _make_scheduler(self, entry: ModelEntry) -> ModelScheduler:
+    def _make_scheduler(self, entry: ModelEntry) -> ModelScheduler | SequenceScheduler:
         assert self._loop is not None
+        sequences = entry.spec.config.sequence_batcher
+        if sequences is not None:
+            ordered = ResponseOrderer(deliver) if sequences.preserve_ordering else None
+            return SequenceScheduler(entry, self._batches.dispatch, self._loop.call_later, orderer=ordered)
         batcher = entry.spec.config.batcher
         orderer = None
         if entry.spec.config.dynamic_batching and batcher is not None and batcher.preserve_ordering:
@@ -214,6 +232,9 @@ class WorkerControl:
 
     def _on_unload(self, identity: bytes, header: Header) -> None:
         message = Unload(header)
+        loaded = self._remote_models.get(identity)
+        if loaded is not None:
+            loaded.discard((message.name, message.version))
         self.unload(message.name, message.version, "it was unloaded")
         self._send(identity, ControlReply.build_ok(message.request_id), None)
 
@@ -276,9 +297,11 @@ class WorkerControl:
 
     def _on_hello(self, identity: bytes, header: Header) -> None:
         hello = Hello(header)
+        remote = is_remote(identity)
         # A process instance joins the model version its process was started for (during a reload, two versions
-        # of the same name and number exist); a thread instance the one registered.
-        worker = self._supervisor.find(hello.pid) if self._supervisor is not None and hello.pid else None
+        # of the same name and number exist); a thread instance the one registered. A remote peer's pid means
+        # nothing here, and its kind is "remote" whatever it says (inline tensors, no local segments to remove).
+        worker = self._supervisor.find(hello.pid) if self._supervisor is not None and hello.pid and not remote else None
         if worker is not None and worker.entry is not None:
             entry = worker.entry
         else:
@@ -287,11 +310,13 @@ class WorkerControl:
             except InferenceError as exc:
                 self._send(identity, Refused.build(str(exc)), None)
                 return
-        instance = Instance(identity, hello.instance_index, hello.instance_kind, hello.pid)
+        kind = REMOTE_KIND if remote else hello.instance_kind
+        instance = Instance(identity, hello.instance_index, kind, hello.pid)
         entry.instances.append(instance)
         self._metrics.model_ready(entry)
         self._connected[identity] = (instance, entry, hello.shm_prefix)
-        self._send(identity, Welcome.build(self._batches.cancel_address), None)
+        # Remote instances do not hear cancellations: the publisher is an ipc socket on this host.
+        self._send(identity, Welcome.build("" if remote else self._batches.cancel_address), None)
         assert entry.scheduler is not None
         entry.scheduler.add_instance(instance)
         if worker is not None:
@@ -305,6 +330,33 @@ class WorkerControl:
                 identity, WorkerDiedError(f"instance {known[0].index} of model '{known[1].name}' left")
             )
 
+    def on_hung(self, instance: Instance, why: str) -> None:
+        """An instance ran a batch past its execution timeout (its requests have failed): a process instance is
+        killed and restarted; a thread cannot be stopped, so a thread (or remote) instance serves again once its
+        function returns."""
+        worker = self._supervisor.find(instance.pid) if self._supervisor is not None and instance.pid else None
+        if instance.kind == "process" and worker is not None and worker.process is not None:
+            logger.error("%s: killing its process (pid %d); it is restarted", why, instance.pid)
+            worker.process.kill()
+            return
+        logger.error(
+            "%s: a %s instance cannot be stopped; it serves again when its function returns", why, instance.kind
+        )
+
+    def remote_gone(self, identity: bytes) -> None:
+        """A remote peer's connection closed: its instance (if it was one) and the models it loaded are gone."""
+        known = self._connected.get(identity)
+        if known is not None:
+            instance, entry, _ = known
+            self._remove_instance(
+                identity,
+                WorkerDiedError(f"instance {instance.index} of model '{entry.name}' lost its remote connection"),
+            )
+        for name, version in sorted(self._remote_models.pop(identity, ())):
+            logger.warning("model '%s' version %d: its remote server disconnected; unloading it", name, version)
+            self.unload(name, version, "its remote server disconnected")
+        self._bls.instance_gone(identity)
+
     def _remove_instance(self, identity: bytes, error: InferenceError) -> None:
         known = self._connected.pop(identity, None)
         if known is None:
@@ -314,7 +366,7 @@ class WorkerControl:
         if instance in entry.instances:
             entry.instances.remove(instance)
         if entry.scheduler is not None:
-            entry.scheduler.remove_instance(instance)
+            entry.scheduler.remove_instance(instance, error)
         self._reader.forget(shm_prefix)
         if instance.kind == "process":
             remove_segments(shm_prefix)
@@ -343,6 +395,12 @@ class WorkerControl:
                     self.retire(old, "a new copy of it was loaded")
                 self.registry.add(entry)
             done(None)
+
+    def processes(self, entry: ModelEntry) -> list[WorkerProcess]:
+        """The supervised processes of a model version's process instances (none for thread or remote ones)."""
+        if self._supervisor is None:
+            return []
+        return [worker for worker in self._supervisor.workers if worker.entry is entry]
 
     def _on_process_exit(self, worker: WorkerProcess, status: int) -> None:
         how = describe_exit(status)

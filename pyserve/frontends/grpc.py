@@ -8,6 +8,11 @@ bytes never become protobuf objects (see ``grpc_codec``). Every other RPC uses t
 Errors map through ``errors.py``: each ``InferenceError`` has its ``grpc_code``. On a stream, an error answers that
 one request with ``error_message`` and the stream stays open; a client that cancels or drops the stream has every
 request still in flight cancelled.
+
+Every method belongs to a restricted group (``METHOD_GROUPS``): with ``ServeConfig.grpc_restricted_protocol`` a call
+to a restricted group's method needs the metadata ``triton-grpc-protocol-<key>`` (see ``restricted``), else it ends
+with PERMISSION_DENIED before its message is read. With ``ServeConfig.tls_certfile`` (and ``grpc`` among
+``tls_endpoints``) the port serves TLS only.
 """
 
 from __future__ import annotations
@@ -15,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 
 from pyserve.config import ServeConfig, header_pattern
 from pyserve.core.api import CoreApi
@@ -31,6 +37,7 @@ from pyserve.errors import (
     InferenceError,
     InvalidInputError,
     ModelNotFoundError,
+    PermissionDeniedError,
     UnsupportedError,
     error_kind,
 )
@@ -44,7 +51,9 @@ from pyserve.frontends.grpc_codec import (
 )
 from pyserve.frontends.protocol import grpc_service_pb2 as pb
 from pyserve.frontends.protocol import health_pb2
-from pyserve.frontends.shared_memory import CUDA, GRPC_HEADER_PREFIX, SYSTEM, check_restricted, write_outputs
+from pyserve.frontends.restricted import GRPC_HEADER_PREFIX, HeaderCheck, header_checks
+from pyserve.frontends.shared_memory import CUDA, SYSTEM, write_outputs
+from pyserve.frontends.tls import grpc_server_credentials
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +64,32 @@ _MAX_MESSAGE_BYTES = (1 << 31) - 1
 
 # grpc.aio.ServicerContext (grpc ships no type information).
 Context = Any
+_R = TypeVar("_R")
+
+# The restricted group of each method (tritonserver's --grpc-restricted-protocol groups); the health service's
+# Check is "health" too.
+METHOD_GROUPS = {
+    "ServerLive": "health",
+    "ServerReady": "health",
+    "ModelReady": "health",
+    "ServerMetadata": "metadata",
+    "ModelMetadata": "metadata",
+    "ModelConfig": "model-config",
+    "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository",
+    "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "TraceSetting": "trace",
+    "LogSettings": "logging",
+    "ModelInfer": "inference",
+    "ModelStreamInfer": "inference",
+    **{
+        f"{kind}SharedMemory{action}": "shared-memory"
+        for kind in ("System", "Cuda")
+        for action in ("Status", "Register", "Unregister")
+    },
+}
+HEALTH_CHECK_GROUP = "health"
 
 
 async def _abort(context: Context, error: InferenceError) -> None:
@@ -74,9 +109,13 @@ class GrpcFrontend:
         self._server: grpc.aio.Server | None = None
         # ServeConfig.grpc_header_forward_pattern: metadata whose keys match become request parameters.
         self.forward_pattern = header_pattern(config.grpc_header_forward_pattern)
+        # The metadata each restricted group needs (ServeConfig.grpc_restricted_protocol, restricted_api).
+        self.checks = header_checks(config.grpc_restrictions(), GRPC_HEADER_PREFIX)
 
     async def start(self) -> int:
-        """Listen on config.host:grpc_port (0 picks a free port); returns the bound port."""
+        """Listen on config.host:grpc_port (0 picks a free port; TLS when ``grpc`` is among ``tls_endpoints``);
+        returns the bound port."""
+        credentials = grpc_server_credentials(self.config) if self.config.uses_tls("grpc") else None
         limit = min(self.config.max_request_bytes, _MAX_MESSAGE_BYTES)
         server = grpc.aio.server(
             options=[
@@ -90,7 +129,10 @@ class GrpcFrontend:
         host = self.config.host
         address = f"[{host}]:{self.config.grpc_port}" if ":" in host else f"{host}:{self.config.grpc_port}"
         try:
-            port = int(server.add_insecure_port(address))
+            if credentials is None:
+                port = int(server.add_insecure_port(address))
+            else:
+                port = int(server.add_secure_port(address, credentials))
         except RuntimeError as exc:
             raise OSError(f"cannot listen for gRPC on {address}: {exc}") from exc
         if port == 0:
@@ -100,49 +142,67 @@ class GrpcFrontend:
         self.port = port
         return port
 
-    async def stop(self) -> None:
-        """Stop at once: calls in progress are cancelled (which cancels their requests)."""
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stop taking calls; those in progress are cancelled (which cancels their requests) at once, or after
+        ``grace_s`` seconds if they have not finished by then."""
         if self._server is not None:
-            await self._server.stop(None)
+            await self._server.stop(grace_s)
             self._server = None
 
     # handlers -------------------------------------------------------------------------------------------------
 
     def _inference_handler(self) -> grpc.GenericRpcHandler:
-        unary = self._unary
-        # Shared-memory calls need the metadata triton-grpc-protocol-<key> when ServeConfig.restricted_api says so.
-        restricted = partial(self._unary, restriction=self.config.shared_memory_restriction())
-        handlers = {
-            "ServerLive": unary(self._server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
-            "ServerReady": unary(self._server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
-            "ModelReady": unary(self._model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
-            "ServerMetadata": unary(self._server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse),
-            "ModelMetadata": unary(self._model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse),
-            "ModelConfig": unary(self._model_config, pb.ModelConfigRequest, pb.ModelConfigResponse),
-            "ModelStatistics": unary(self._model_statistics, pb.ModelStatisticsRequest, pb.ModelStatisticsResponse),
-            "RepositoryIndex": unary(self._repository_index, pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
-            "RepositoryModelLoad": unary(
-                self._repository_load, pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse
+        # method -> (function of the parsed request, request type, response type)
+        unary: dict[str, tuple[Callable[[Any], Any], Any, Any]] = {
+            "ServerLive": (self._server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
+            "ServerReady": (self._server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
+            "ModelReady": (self._model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
+            "ServerMetadata": (self._server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse),
+            "ModelMetadata": (self._model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse),
+            "ModelConfig": (self._model_config, pb.ModelConfigRequest, pb.ModelConfigResponse),
+            "ModelStatistics": (self._model_statistics, pb.ModelStatisticsRequest, pb.ModelStatisticsResponse),
+            "RepositoryIndex": (self._repository_index, pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
+            "RepositoryModelLoad": (
+                self._repository_load,
+                pb.RepositoryModelLoadRequest,
+                pb.RepositoryModelLoadResponse,
             ),
-            "RepositoryModelUnload": unary(
-                self._repository_unload, pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse
+            "RepositoryModelUnload": (
+                self._repository_unload,
+                pb.RepositoryModelUnloadRequest,
+                pb.RepositoryModelUnloadResponse,
             ),
-            "TraceSetting": unary(self._trace_setting, pb.TraceSettingRequest, pb.TraceSettingResponse),
-            "LogSettings": unary(self._log_settings, pb.LogSettingsRequest, pb.LogSettingsResponse),
-            # Raw bytes in and out: the codec handles these messages itself.
-            "ModelInfer": grpc.unary_unary_rpc_method_handler(self._model_infer),
-            "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(self._model_stream_infer),
+            "TraceSetting": (self._trace_setting, pb.TraceSettingRequest, pb.TraceSettingResponse),
+            "LogSettings": (self._log_settings, pb.LogSettingsRequest, pb.LogSettingsResponse),
         }
         for kind, rpc in ((SYSTEM, "SystemSharedMemory"), (CUDA, "CudaSharedMemory")):
             register = self._system_shm_register if kind == SYSTEM else self._cuda_shm_register
             calls = (("Status", partial(self._shm_status, kind)), ("Register", register))
             for action, function in (*calls, ("Unregister", partial(self._shm_unregister, kind))):
                 request, response = getattr(pb, f"{rpc}{action}Request"), getattr(pb, f"{rpc}{action}Response")
-                handlers[rpc + action] = restricted(function, request, response)
+                unary[rpc + action] = (function, request, response)
+        handlers = {
+            name: self._unary(function, request, response, self._check(name))
+            for name, (function, request, response) in unary.items()
+        }
+        # Raw bytes in and out: the codec handles these messages itself.
+        infer = _guarded(self._model_infer, self._check("ModelInfer"))
+        stream = _guarded(self._model_stream_infer, self._check("ModelStreamInfer"))
+        handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(infer)
+        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(stream)
         return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
+    def _check(self, method: str) -> HeaderCheck | None:
+        """The metadata a method's group needs (None: not restricted)."""
+        return self.checks.get(METHOD_GROUPS[method])
+
     def _health_handler(self) -> grpc.GenericRpcHandler:
-        check = self._unary(self._health_check, health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse)
+        check = self._unary(
+            self._health_check,
+            health_pb2.HealthCheckRequest,
+            health_pb2.HealthCheckResponse,
+            self.checks.get(HEALTH_CHECK_GROUP),
+        )
         return grpc.method_handlers_generic_handler(HEALTH_SERVICE, {"Check": check})
 
     @staticmethod
@@ -150,17 +210,22 @@ class GrpcFrontend:
         function: Callable[[Any], Any],
         request_type: Any,
         response_type: Any,
-        restriction: tuple[str, str] | None = None,
+        check: HeaderCheck | None = None,
     ) -> grpc.RpcMethodHandler:
-        """A unary handler around a plain function; InferenceError becomes the call's status. With ``restriction``
-        (``(key, value)`` of ``ServeConfig.restricted_api``) the call needs the metadata
-        ``triton-grpc-protocol-<key>``, as tritonserver's ``--grpc-restricted-protocol``."""
-        header = GRPC_HEADER_PREFIX + restriction[0] if restriction is not None else ""
+        """A unary handler around a plain function; InferenceError becomes the call's status. With ``check`` (the
+        method's group is restricted) the call needs its metadata, checked before the message is parsed."""
+        parse = request_type.FromString
+        what = request_type.DESCRIPTOR.name
 
-        async def handler(request: Any, context: Context) -> Any:
+        async def handler(data: bytes, context: Context) -> Any:
             try:
-                if restriction is not None:
-                    check_restricted(restriction, header, _metadata(context, header))
+                if check is not None:
+                    check.check(_metadata_value(context, check.header))
+                # Parsed here rather than by grpc, which answers a message it cannot parse with UNKNOWN.
+                try:
+                    request = parse(data)
+                except DecodeError as exc:
+                    raise InvalidInputError(f"malformed {what}: {exc}") from None
                 result = function(request)
                 return await result if inspect.isawaitable(result) else result
             except InferenceError as exc:
@@ -169,9 +234,7 @@ class GrpcFrontend:
                 logger.exception("unexpected error in a gRPC call")
                 await context.abort(grpc.StatusCode.INTERNAL, f"internal server error: {exc}")
 
-        return grpc.unary_unary_rpc_method_handler(
-            handler, request_deserializer=request_type.FromString, response_serializer=response_type.SerializeToString
-        )
+        return grpc.unary_unary_rpc_method_handler(handler, response_serializer=response_type.SerializeToString)
 
     # health and metadata ----------------------------------------------------------------------------------------
 
@@ -481,6 +544,24 @@ class _Stream:
         self.in_flight.clear()
 
 
+def _guarded(
+    function: Callable[[Any, Context], Awaitable[_R]], check: HeaderCheck | None
+) -> Callable[[Any, Context], Awaitable[_R]]:
+    """A raw handler (ModelInfer, ModelStreamInfer) behind ``check``: a call without the metadata ends with
+    PERMISSION_DENIED before anything of it is read."""
+    if check is None:
+        return function
+
+    async def guarded(request: Any, context: Context) -> _R:
+        try:
+            check.check(_metadata_value(context, check.header))
+        except PermissionDeniedError as exc:
+            await _abort(context, exc)
+        return await function(request, context)
+
+    return guarded
+
+
 def _traceparent(context: Context) -> str:
     return _metadata(context, "traceparent") or ""
 
@@ -490,6 +571,14 @@ def _text_metadata(context: Context) -> Iterator[tuple[str, str]]:
     for key, value in context.invocation_metadata() or ():
         if isinstance(value, str):
             yield key, value
+
+
+def _metadata_value(context: Context, name: str) -> str | bytes | None:
+    """The value of the call's metadata ``name`` as grpc gives it (bytes for a ``-bin`` key), None when absent."""
+    for key, value in context.invocation_metadata() or ():
+        if key == name:
+            return value  # type: ignore[no-any-return]
+    return None
 
 
 def _metadata(context: Context, name: str) -> str | None:

@@ -22,7 +22,7 @@ from pyserve.core.infer_call import InferCall, check_parameter_names, tensor_fro
 from pyserve.core.inference import InputTensor, ModelEntry, OutputTensor, SharedMemorySlice
 from pyserve.dtypes import DATATYPES, numpy_dtype, serialize_bytes
 from pyserve.errors import InvalidInputError, UnsupportedError
-from pyserve.frontends.common import FINAL_RESPONSE, model_parameters
+from pyserve.frontends.common import FINAL_RESPONSE, check_shape, model_parameters
 from pyserve.frontends.protocol import grpc_service_pb2 as pb
 from pyserve.frontends.shared_memory import input_from_region, output_parameters, slice_of, uses_shared_memory
 
@@ -43,6 +43,15 @@ _CONTENTS_FIELD = {
     "FP32": "fp32_contents",
     "FP64": "fp64_contents",
     "BYTES": "bytes_contents",
+}
+_CONTENTS_DTYPE = {
+    "bool_contents": np.bool_,
+    "int_contents": np.int32,
+    "int64_contents": np.int64,
+    "uint_contents": np.uint32,
+    "uint64_contents": np.uint64,
+    "fp32_contents": np.float32,
+    "fp64_contents": np.float64,
 }
 
 
@@ -170,8 +179,9 @@ def decode_infer_call(
             if uses_shared_memory(tensor_parameters):
                 if tensor.HasField("contents"):
                     raise InvalidInputError(f"input '{name}' has shared memory parameters and contents too")
-                shape = _shape(tensor)
-                inputs[name] = input_from_region(_regions(regions), name, _datatype(tensor), shape, tensor_parameters)
+                datatype = _datatype(tensor)
+                shape = _shape(tensor, datatype)
+                inputs[name] = input_from_region(_regions(regions), name, datatype, shape, tensor_parameters)
                 continue
         if raw and used == len(raw):
             raise InvalidInputError(
@@ -214,17 +224,18 @@ def _datatype(tensor: pb.ModelInferRequest.InferInputTensor) -> str:
     return datatype
 
 
-def _shape(tensor: pb.ModelInferRequest.InferInputTensor) -> list[int]:
+def _shape(tensor: pb.ModelInferRequest.InferInputTensor, datatype: str) -> list[int]:
     shape = list(tensor.shape)
     if any(dim < 0 for dim in shape):
         raise InvalidInputError(f"input '{tensor.name}': shape must be non-negative integers, got {shape}")
+    check_shape(f"input '{tensor.name}'", shape, datatype)
     return shape
 
 
 def _decode_input(tensor: pb.ModelInferRequest.InferInputTensor, raw: memoryview | None) -> InputTensor:
     name = tensor.name
     datatype = _datatype(tensor)
-    shape = _shape(tensor)
+    shape = _shape(tensor, datatype)
     if raw is not None:
         if tensor.HasField("contents"):
             raise InvalidInputError(f"input '{name}' has both contents and raw_input_contents")
@@ -249,12 +260,13 @@ def _from_contents(name: str, datatype: str, shape: list[int], contents: pb.Infe
         items[:] = list(values)
         return InputTensor(datatype, shape, serialize_bytes(items))
     target = numpy_dtype(datatype)
-    array = np.asarray(values)
-    if count and target.kind in ("i", "u"):
+    # The field's own type: numpy left to guess reads large UINT64 values as float64, and rounds them.
+    array = np.array(values, dtype=_CONTENTS_DTYPE[field])
+    if count and target.kind in ("i", "u") and target.itemsize < array.itemsize:
         info = np.iinfo(target)
         if array.min() < info.min or array.max() > info.max:
             raise InvalidInputError(f"input '{name}': a value is out of range for {datatype}")
-    return InputTensor(datatype, shape, array.astype(target).reshape(shape))
+    return InputTensor(datatype, shape, array.astype(target, copy=False).reshape(shape))
 
 
 # responses ----------------------------------------------------------------------------------------------------

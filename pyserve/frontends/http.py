@@ -1,23 +1,23 @@
 """HTTP/REST front end: KServe v2 with Triton's extensions, on httptools and the core's asyncio loop.
 
-``HttpApp`` routes each request of a connection (``pyserve.frontends.http_connection``) on its path segments,
-decodes an infer request with ``kserve``, submits it to the core (``CoreApi.submit``) and writes the response from
-the request's callback. Health, metadata, statistics, the settings endpoints and Triton's shared-memory endpoints
-(``/v2/systemsharedmemory``, ``/v2/cudasharedmemory``; see ``shared_memory``) reach the core through the same
-``CoreApi``.
+``HttpApp`` routes each request of a connection (``pyserve.frontends.http_connection``) through the table of
+``pyserve.frontends.http_routes`` (the paths docs/openapi.yaml documents), decodes an infer request with ``kserve``,
+submits it to the core (``CoreApi.submit``) and writes the response from the request's callback. Health, metadata,
+statistics, the settings endpoints and Triton's shared-memory endpoints (``/v2/systemsharedmemory``,
+``/v2/cudasharedmemory``; see ``shared_memory``) reach the core through the same ``CoreApi``. A route of a restricted
+group (``ServeConfig.http_restricted_api``; see ``restricted``) answers 403 to a request without the group's header.
+With ``ServeConfig.tls_certfile`` (and ``http`` among ``tls_endpoints``) the port serves TLS only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import gzip
 import logging
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import unquote
 
 import orjson
 
@@ -35,19 +35,22 @@ from pyserve.errors import (
     error_kind,
 )
 from pyserve.frontends.common import EXTENSIONS, SERVER_NAME, SERVER_VERSION
+from pyserve.frontends.dashboard import Dashboard
 from pyserve.frontends.http_connection import JSON, HttpProtocol, HttpRequest, listen
+from pyserve.frontends.http_routes import Router
 from pyserve.frontends.kserve import (
     decode_generate_request,
     decode_request,
     encode_generate_response,
     encode_response,
 )
-from pyserve.frontends.shared_memory import CUDA, SYSTEM, check_restricted, write_outputs
+from pyserve.frontends.restricted import header_checks
+from pyserve.frontends.shared_memory import SYSTEM, write_outputs
+from pyserve.frontends.tls import server_ssl_context
 
 logger = logging.getLogger(__name__)
 
 _BINARY = b"application/octet-stream"
-_SHARED_MEMORY_KINDS = {"systemsharedmemory": SYSTEM, "cudasharedmemory": CUDA}
 _EVENT_STREAM = b"text/event-stream; charset=utf-8"
 
 
@@ -57,11 +60,13 @@ class HttpApp:
     def __init__(self, core: CoreApi, config: ServeConfig) -> None:
         self.core = core
         self.max_body = config.max_request_bytes
-        # The header the shared-memory endpoints require (ServeConfig.restricted_api), or None.
-        self.restriction = config.shared_memory_restriction()
         # ServeConfig.http_header_forward_pattern: headers whose names match become request parameters.
         self.forward_pattern = header_pattern(config.http_header_forward_pattern)
         self._tasks: set[asyncio.Future[None]] = set()
+        # Each restricted group's routes check its header (ServeConfig.http_restricted_api, restricted_api).
+        self.router = Router(self, checks=header_checks(config.http_restrictions()))
+        # The status page (ServeConfig.dashboard; pyserve.frontends.dashboard), sampling once the server listens.
+        self.dashboard = Dashboard(core, config) if config.dashboard else None
 
     def cancel(self, request: InferenceRequest) -> None:
         """The client closed its connection before its answer."""
@@ -83,127 +88,157 @@ class HttpApp:
             conn.respond_error(request, 500, f"internal server error: {exc}")
 
     def _route(self, conn: HttpProtocol, request: HttpRequest) -> None:
-        parts = request.path.decode("latin-1").strip("/").split("/")
-        method = request.method
-        if not parts or parts[0] != "v2":
+        segments = request.path.decode("latin-1").strip("/").split("/")
+        route = self.router.match(segments)
+        if route is None:
             conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
             return
-        rest = parts[1:]
-        if not rest:
-            self._json(
-                conn, request, method, {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
-            )
-            return
-        if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
-            if method != b"GET":
-                conn.respond_error(request, 405, "use GET")
-                return
-            ok = self.core.is_live() if rest[1] == "live" else self.core.is_ready()
-            conn.respond(request, 200 if ok else 400)
-            return
-        if rest[0] == "models":
-            self._route_models(conn, request, method, rest[1:])
-            return
-        if rest == ["logging"]:
-            logs = self.core.logs
-            self._settings(conn, request, method, logs.to_json, logs.update)
-            return
-        if rest == ["trace", "setting"]:
-            tracing = self.core.tracing
-            self._settings(conn, request, method, tracing.to_json, lambda changes: tracing.update(None, changes))
-            return
-        if rest[0] == "repository":
-            self._route_repository(conn, request, method, rest[1:])
-            return
-        if rest[0] in _SHARED_MEMORY_KINDS:
-            self._route_shared_memory(conn, request, method, _SHARED_MEMORY_KINDS[rest[0]], rest[1:])
-            return
-        conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
-
-    def _route_models(self, conn: HttpProtocol, request: HttpRequest, method: bytes, rest: list[str]) -> None:
-        models = self.core.models
-        if rest == ["stats"] or not rest:
-            if not rest:
-                conn.respond_error(request, 404, "not found: /v2/models")
-                return
-            stats = [e.stats.to_json(e.name, e.version) for e in models.entries()]
-            self._json(conn, request, method, {"model_stats": stats})
-            return
-        name = unquote(rest[0])
-        version: str | None = None
-        tail = rest[1:]
-        if len(tail) >= 2 and tail[0] == "versions":
-            version = unquote(tail[1])
-            tail = tail[2:]
-        if tail == ["trace", "setting"] and version is None:
-            models.get(name)  # unknown model: 404
-            tracing = self.core.tracing
-            self._settings(
-                conn, request, method, lambda: tracing.to_json(name), lambda changes: tracing.update(name, changes)
-            )
-            return
-        if len(tail) > 1:
-            conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
-            return
-        action = tail[0] if tail else ""
-        if action == "infer":
-            if method != b"POST":
-                conn.respond_error(request, 405, "use POST for infer")
-                return
-            self._infer(conn, request, models.get(name, version))
-            return
-        if action == "stats":
-            if version is None:
-                entries = models.versions(name)
-                if not entries:
-                    raise ModelNotFoundError(f"requested model '{name}' is not found")
-            else:
-                entries = [models.get(name, version)]
-            self._json(conn, request, method, {"model_stats": [e.stats.to_json(e.name, e.version) for e in entries]})
-            return
-        entry = models.get(name, version)
-        if action == "":
-            self._json(conn, request, method, entry.metadata([e.version for e in models.versions(name)]))
-        elif action == "config":
-            self._json(conn, request, method, entry.config_json())
-        elif action == "ready":
-            conn.respond(request, 200 if entry.ready else 400)
-        elif action in ("generate", "generate_stream"):
-            if method != b"POST":
-                conn.respond_error(request, 405, f"use POST for {action}")
-                return
-            self._generate(conn, request, entry, streaming=action == "generate_stream")
+        if route.check is not None:  # a restricted group's route: its header before anything else, as in Triton
+            route.check.check(request.headers.get(route.check.header_bytes))
+        if request.method not in route.methods:
+            conn.respond_error(request, 405, route.wrong_method)
         else:
-            conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
+            route.handler(conn, request, route.arguments(segments))
+
+    # health, metadata, statistics (each handler answers one route of http_routes.ROUTES) ---------------------------
+
+    def server_metadata(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``GET /v2``."""
+        doc = {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
+        conn.respond(request, 200, orjson.dumps(doc))
+
+    def health_live(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``GET /v2/health/live``: 200, or 400 when not live (as Triton)."""
+        conn.respond(request, 200 if self.core.is_live() else 400)
+
+    def health_ready(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``GET /v2/health/ready``."""
+        conn.respond(request, 200 if self.core.is_ready() else 400)
+
+    def remote_address(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``GET /v2/pyserve/remote``: where ``RemoteServe`` attaches (docs/remote.md); 404 while the remote port is
+        closed. The token is never part of it."""
+        if not self.core.remote_address:
+            conn.respond_error(request, 404, "this server has no remote port (ServeConfig.remote_port)")
+            return
+        conn.respond(request, 200, orjson.dumps({"address": self.core.remote_address}))
+
+    def all_model_stats(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``GET /v2/models/stats``: every model's statistics."""
+        stats = [e.stats.to_json(e.name, e.version) for e in self.core.models.entries()]
+        conn.respond(request, 200, orjson.dumps({"model_stats": stats}))
+
+    def model_metadata(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``GET /v2/models/{model}[/versions/{version}]``."""
+        entry = self._entry(path)
+        doc = entry.metadata([e.version for e in self.core.models.versions(entry.name)])
+        conn.respond(request, 200, orjson.dumps(doc))
+
+    def model_config(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``GET .../config``."""
+        conn.respond(request, 200, orjson.dumps(self._entry(path).config_json()))
+
+    def model_ready(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``GET .../ready``: 200, or 400 when the model has no live instance."""
+        conn.respond(request, 200 if self._entry(path).ready else 400)
+
+    def model_stats(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``GET .../stats``: one model's statistics, of every version unless the path names one."""
+        models = self.core.models
+        version = path.get("version")
+        if version is None:
+            entries = models.versions(path["model"])
+            if not entries:
+                raise ModelNotFoundError(f"requested model '{path['model']}' is not found")
+        else:
+            entries = [models.get(path["model"], version)]
+        doc = {"model_stats": [e.stats.to_json(e.name, e.version) for e in entries]}
+        conn.respond(request, 200, orjson.dumps(doc))
+
+    def _entry(self, path: dict[str, str]) -> ModelEntry:
+        return self.core.models.get(path["model"], path.get("version"))
+
+    # the status page (pyserve.frontends.dashboard) -----------------------------------------------------------------
+
+    def dashboard_redirect(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``GET /``: to the status page."""
+        if self._dashboard(conn, request) is not None:
+            conn.respond(request, 302, b"", b"text/plain", b"location: /dashboard\r\n")
+
+    def dashboard_page(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``GET /dashboard``: the page."""
+        dashboard = self._dashboard(conn, request)
+        if dashboard is not None:
+            conn.respond(request, 200, dashboard.page, b"text/html; charset=utf-8", b"cache-control: no-cache\r\n")
+
+    def dashboard_data(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``GET /dashboard/data``: what the page shows, as JSON."""
+        dashboard = self._dashboard(conn, request)
+        if dashboard is not None:
+            conn.respond(request, 200, orjson.dumps(dashboard.data()), JSON, b"cache-control: no-store\r\n")
+
+    def _dashboard(self, conn: HttpProtocol, request: HttpRequest) -> Dashboard | None:
+        if self.dashboard is None:
+            conn.respond_error(request, 404, "the status page is off (ServeConfig.dashboard, --dashboard)")
+        return self.dashboard
+
+    # settings ------------------------------------------------------------------------------------------------------
+
+    def model_trace_setting(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``GET|POST /v2/models/{model}/trace/setting``."""
+        name = path["model"]
+        self.core.models.get(name)  # unknown model: 404
+        tracing = self.core.tracing
+        self._settings(conn, request, lambda: tracing.to_json(name), lambda changes: tracing.update(name, changes))
+
+    def trace_setting(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``GET|POST /v2/trace/setting``."""
+        tracing = self.core.tracing
+        self._settings(conn, request, tracing.to_json, lambda changes: tracing.update(None, changes))
+
+    def log_settings(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``GET|POST /v2/logging``."""
+        logs = self.core.logs
+        self._settings(conn, request, logs.to_json, logs.update)
+
+    def _settings(
+        self,
+        conn: HttpProtocol,
+        request: HttpRequest,
+        read: Callable[[], dict[str, Any]],
+        update: Callable[[dict[str, Any]], dict[str, Any]],
+    ) -> None:
+        """Triton's settings endpoints (logging, trace): GET reads them; POST applies a JSON object of changes and
+        answers the settings now in force."""
+        if request.method == b"GET":
+            conn.respond(request, 200, orjson.dumps(read()))
+        else:
+            conn.respond(request, 200, orjson.dumps(update(self._json_body(request, "settings"))))
 
     # model repository ----------------------------------------------------------------------------------------------
 
-    def _route_repository(self, conn: HttpProtocol, request: HttpRequest, method: bytes, rest: list[str]) -> None:
-        """Triton's repository extension: ``POST /v2/repository/index`` and ``.../models/{m}/load|unload``."""
-        if method != b"POST" or not (rest == ["index"] or (len(rest) == 3 and rest[0] == "models")):
-            conn.respond_error(
-                request,
-                404 if method == b"POST" else 405,
-                "use POST on /v2/repository/index or /v2/repository/models/{model}/load|unload",
-            )
-            return
+    def repository_index(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``POST /v2/repository/index``."""
         body = self._json_body(request)
-        repository = self.core.repository
-        if rest == ["index"]:
-            conn.respond(request, 200, orjson.dumps(repository.index(bool(body.get("ready", False)))))
-            return
-        name, action = unquote(rest[1]), rest[2]
-        parameters = body.get("parameters", {})
+        conn.respond(request, 200, orjson.dumps(self.core.repository.index(bool(body.get("ready", False)))))
+
+    def repository_load(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``POST /v2/repository/models/{model}/load``, with Triton's ``config`` and ``file:<path>`` parameters."""
+        config, files = _load_parameters(self._repository_parameters(request))
+        self._answer_when_done(conn, request, self.core.repository.request_load(path["model"], config, files))
+
+    def repository_unload(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``POST /v2/repository/models/{model}/unload``."""
+        dependents = bool(self._repository_parameters(request).get("unload_dependents", False))
+        self._answer_when_done(conn, request, self.core.repository.request_unload(path["model"], dependents))
+
+    def _repository_parameters(self, request: HttpRequest) -> dict[str, Any]:
+        parameters = self._json_body(request).get("parameters", {})
         if not isinstance(parameters, dict):
             raise InvalidInputError("'parameters' of a repository request must be a JSON object")
-        if action == "load":
-            config, files = _load_parameters(parameters)
-            operation = repository.request_load(name, config, files)
-        elif action == "unload":
-            operation = repository.request_unload(name, bool(parameters.get("unload_dependents", False)))
-        else:
-            conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
-            return
+        return parameters
+
+    def _answer_when_done(self, conn: HttpProtocol, request: HttpRequest, operation: Awaitable[None]) -> None:
         task = asyncio.ensure_future(operation)
         self._tasks.add(task)
 
@@ -222,50 +257,32 @@ class HttpApp:
 
         task.add_done_callback(answered)
 
-    # shared memory ----------------------------------------------------------------------------------------------
+    # shared memory: Triton's extension (pyserve.frontends.shared_memory) ------------------------------------------
 
-    def _route_shared_memory(
-        self, conn: HttpProtocol, request: HttpRequest, method: bytes, kind: str, rest: list[str]
-    ) -> None:
-        """Triton's shared-memory extension: ``GET .../status``, ``POST .../register``, ``POST .../unregister``, each
-        for every region or under ``region/{name}`` for one (register: one only)."""
-        name = ""
-        if len(rest) == 3 and rest[0] == "region":
-            name = unquote(rest[1])
-        elif len(rest) != 1:
-            conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
-            return
-        action = rest[-1]
-        wanted = {"status": b"GET", "register": b"POST", "unregister": b"POST"}.get(action)
-        if wanted is None or (action == "register" and not name):
-            conn.respond_error(request, 404, f"not found: {request.path.decode('latin-1')}")
-            return
-        if method != wanted:
-            conn.respond_error(request, 405, f"use {wanted.decode()} for shared memory {action}")
-            return
-        if self.restriction is not None:
-            header = self.restriction[0]
-            value = request.headers.get(header.encode("latin-1"))
-            check_restricted(self.restriction, header, None if value is None else value.decode("latin-1"))
+    def shm_status(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``GET .../status`` of every region of a kind, or of ``region/{region}``."""
+        conn.respond(request, 200, orjson.dumps(self.core.shared_memory.status(path["kind"], path.get("region", ""))))
+
+    def shm_unregister(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``POST .../unregister`` of every region of a kind, or of ``region/{region}``."""
+        self.core.shared_memory.unregister(path["kind"], path.get("region", ""))
+        conn.respond(request, 200)
+
+    def shm_register(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``POST .../region/{region}/register``: a system region's ``key``, ``offset`` and ``byte_size``, or a CUDA
+        region's ``raw_handle``, ``device_id`` and ``byte_size``."""
         regions = self.core.shared_memory
-        if action == "status":
-            conn.respond(request, 200, orjson.dumps(regions.status(kind, name)))
-        elif action == "unregister":
-            regions.unregister(kind, name)
-            conn.respond(request, 200)
+        name = path["region"]
+        body = self._json_body(request, "register request")
+        byte_size = _natural(body, "byte_size")
+        if path["kind"] == SYSTEM:
+            key = body.get("key")
+            if not isinstance(key, str):
+                raise InvalidInputError(f"a system shared memory register request needs a string 'key', got {key!r}")
+            regions.register_system(name, key, _natural(body, "offset", 0), byte_size)
         else:
-            body = self._json_body(request, "register request")
-            byte_size = _natural(body, "byte_size")
-            if kind == SYSTEM:
-                key = body.get("key")
-                if not isinstance(key, str):
-                    raise InvalidInputError(
-                        f"a system shared memory register request needs a string 'key', got {key!r}"
-                    )
-                regions.register_system(name, key, _natural(body, "offset", 0), byte_size)
-            else:
-                regions.register_cuda(name, _raw_handle(body), _natural(body, "device_id"), byte_size)
-            conn.respond(request, 200)
+            regions.register_cuda(name, _raw_handle(body), _natural(body, "device_id"), byte_size)
+        conn.respond(request, 200)
 
     def _json_body(self, request: HttpRequest, what: str = "request") -> dict[str, Any]:
         """The body as a JSON object (an empty body is ``{}``)."""
@@ -277,33 +294,13 @@ class HttpApp:
             raise InvalidInputError(f"the {what} JSON must be an object")
         return body
 
-    def _settings(
-        self,
-        conn: HttpProtocol,
-        request: HttpRequest,
-        method: bytes,
-        read: Callable[[], dict[str, Any]],
-        update: Callable[[dict[str, Any]], dict[str, Any]],
-    ) -> None:
-        """Triton's settings endpoints (logging, trace): GET reads them; POST applies a JSON object of changes and
-        answers the settings now in force."""
-        if method == b"GET":
-            conn.respond(request, 200, orjson.dumps(read()))
-            return
-        if method != b"POST":
-            conn.respond_error(request, 405, "use GET or POST")
-            return
-        conn.respond(request, 200, orjson.dumps(update(self._json_body(request, "settings"))))
-
-    def _json(self, conn: HttpProtocol, request: HttpRequest, method: bytes, doc: Any) -> None:
-        if method != b"GET":
-            conn.respond_error(request, 405, "use GET")
-            return
-        conn.respond(request, 200, orjson.dumps(doc))
-
     # infer ---------------------------------------------------------------------------------------------------
 
-    def _infer(self, conn: HttpProtocol, request: HttpRequest, entry: ModelEntry) -> None:
+    def infer(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``POST .../infer``: JSON tensors, or the binary tensor data extension (Inference-Header-Content-Length)."""
+        self._submit_infer(conn, request, self._entry(path))
+
+    def _submit_infer(self, conn: HttpProtocol, request: HttpRequest, entry: ModelEntry) -> None:
         if entry.spec.config.decoupled:
             raise UnsupportedError(
                 f"model '{entry.name}' is decoupled (streaming): use gRPC ModelStreamInfer or /generate_stream"
@@ -347,6 +344,14 @@ class HttpApp:
 
     # generate ------------------------------------------------------------------------------------------------
 
+    def generate(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``POST .../generate``: one JSON object in, one out."""
+        self._generate(conn, request, self._entry(path), streaming=False)
+
+    def generate_stream(self, conn: HttpProtocol, request: HttpRequest, path: dict[str, str]) -> None:
+        """``POST .../generate_stream``: one JSON object in, one Server-Sent Event per response out."""
+        self._generate(conn, request, self._entry(path), streaming=True)
+
     def _generate(self, conn: HttpProtocol, request: HttpRequest, entry: ModelEntry, streaming: bool) -> None:
         """Triton's generate extension: ``/generate`` answers one JSON object, ``/generate_stream`` one Server-Sent
         Event per response. Once a stream has started, a later error arrives as an ``{"error": ...}`` event."""
@@ -364,12 +369,14 @@ class HttpApp:
                 return
             finished = response.final
             error = response.error
+            event = b""
+            if error is None and not (response.final and decoupled and not response.outputs):
+                try:
+                    event = encode_generate_response(entry, call, response.outputs, response.parameters or None)
+                except InferenceError as exc:  # an output JSON cannot carry (BYTES that are not UTF-8)
+                    error = exc
             if error is not None:
                 event = orjson.dumps({"error": str(error)})
-            elif response.final and decoupled and not response.outputs:
-                event = b""
-            else:
-                event = encode_generate_response(entry, call, response.outputs, response.parameters or None)
             if not streaming:
                 if error is not None:
                     finished = True
@@ -414,15 +421,21 @@ class HttpApp:
         compress: bytes,
     ) -> None:
         error = response.error
-        if error is None and call.shm_outputs is not None:
+        if error is None:
+            # Output buffers are valid only during this callback: encode (copy) them now. A failure answers the
+            # request (it is the core's callback: an exception here would leave the client waiting).
             try:
-                write_outputs(call.shm_outputs, response.outputs)
+                if call.shm_outputs is not None:
+                    write_outputs(call.shm_outputs, response.outputs)
+                header, parts = encode_response(entry, call, response.outputs, response.parameters or None)
             except InferenceError as exc:
                 error = exc
+            except Exception as exc:
+                logger.exception("could not encode the response of request %r", call.id)
+                error = InferenceError(f"could not encode the response: {exc}")
         if error is not None:
             conn.respond_error(request, error.http_status, str(error), error_kind(error))
             return
-        header, parts = encode_response(entry, call, response.outputs, response.parameters or None)
         extra = b""
         if parts:
             extra = b"inference-header-content-length: %d\r\n" % len(header)
@@ -438,28 +451,54 @@ class HttpApp:
 
 
 def _decompress(body: bytes | bytearray, encoding: bytes, limit: int) -> bytes:
+    """A gzip (one member or several, as gzip writes them) or deflate body, whole: a stream cut short or followed by
+    other bytes is refused rather than read in part, and the result may hold at most ``limit`` bytes."""
+    if encoding == b"identity":
+        return bytes(body)
+    if encoding not in (b"gzip", b"deflate"):
+        raise InvalidInputError(
+            f"unsupported Content-Encoding {encoding.decode('latin-1')!r}; use gzip, deflate or identity"
+        )
+    name = encoding.decode()
+    parts: list[bytes] = []
+    size = 0
+    rest = bytes(body)
     try:
-        if encoding == b"gzip":
-            decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        elif encoding == b"deflate":
-            decompressor = zlib.decompressobj()
-        elif encoding == b"identity":
-            return bytes(body)
-        else:
-            raise UnsupportedError(f"unsupported Content-Encoding {encoding.decode('latin-1')!r}; use gzip or deflate")
-        out = decompressor.decompress(body, limit + 1)
+        while True:
+            decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == b"gzip" else zlib.MAX_WBITS)
+            part = decompressor.decompress(rest, limit + 1 - size)
+            size += len(part)
+            if size > limit:
+                raise PayloadTooLargeError(f"decompressed request body exceeds the limit of {limit} bytes")
+            parts.append(part)
+            if not decompressor.eof:
+                raise InvalidInputError(f"could not decompress the {name} request body: it ends within its data")
+            rest = decompressor.unused_data
+            if not rest:
+                return b"".join(parts)
+            if encoding != b"gzip":
+                raise InvalidInputError(f"the {name} request body has {len(rest)} bytes after its compressed data")
     except zlib.error as exc:
-        raise InvalidInputError(f"could not decompress the {encoding.decode('latin-1')} request body: {exc}") from None
-    if len(out) > limit:
-        raise PayloadTooLargeError(f"decompressed request body exceeds the limit of {limit} bytes")
-    return out
+        raise InvalidInputError(f"could not decompress the {name} request body: {exc}") from None
 
 
 async def start_http_server(core: CoreApi, config: ServeConfig) -> tuple[asyncio.base_events.Server, int]:
-    """Listen on config.host:http_port; returns the server and the bound port."""
-    return await listen(
-        HttpApp(core, config), config.host, config.http_port, backlog=1024, stage_times=core.stage_times
+    """Listen on config.host:http_port (TLS when ``http`` is among ``tls_endpoints``); returns the server and the
+    bound port."""
+    tls = server_ssl_context(config) if config.uses_tls("http") else None
+    app = HttpApp(core, config)
+    server_and_port = await listen(
+        app,
+        config.host,
+        config.http_port,
+        backlog=1024,
+        stage_times=core.stage_times,
+        header_timeout_s=config.http_header_timeout_s,
+        tls=tls,
     )
+    if app.dashboard is not None:
+        app.dashboard.start()
+    return server_and_port
 
 
 def _load_parameters(parameters: dict[str, Any]) -> tuple[str | None, dict[str, bytes]]:
@@ -474,7 +513,7 @@ def _load_parameters(parameters: dict[str, Any]) -> tuple[str | None, dict[str, 
                 raise InvalidInputError(f"load parameter '{key}' must be the file's content in base64")
             try:
                 files[key[len("file:") :]] = base64.b64decode(value, validate=True)
-            except binascii.Error as exc:
+            except ValueError as exc:  # binascii.Error, or text that is not ASCII
                 raise InvalidInputError(f"load parameter '{key}' is not valid base64: {exc}") from None
     return config, files
 
@@ -497,5 +536,5 @@ def _raw_handle(body: dict[str, Any]) -> bytes:
         raise InvalidInputError("a CUDA shared memory register request needs 'raw_handle': {\"b64\": <base64>}")
     try:
         return base64.b64decode(encoded, validate=True)
-    except binascii.Error as exc:
+    except ValueError as exc:  # binascii.Error, or text that is not ASCII
         raise InvalidInputError(f"'raw_handle' is not valid base64: {exc}") from None

@@ -4,10 +4,16 @@ Decoding turns a request body into validated ``InputTensor`` objects (fixed-size
 body, no copy; BYTES as their length-prefixed blob; tensors in clients' shared-memory regions as views of the
 region). Encoding turns ``OutputTensor`` objects into the response JSON header plus the binary parts that follow it
 (an output written into a region is only described).
+
+JSON has no NaN or infinity: as Triton, floats read and write them as the tokens ``NaN``, ``Infinity`` and
+``-Infinity`` (Python's json and tritonclient read and write those), never as ``null``. BYTES are JSON strings, so a
+BYTES output that is not UTF-8 cannot go out as JSON: the request is answered with an error that names the output and
+asks for it as binary data, rather than with altered bytes.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -19,7 +25,7 @@ from pyserve.core.infer_call import InferCall, check_parameter_names, tensor_fro
 from pyserve.core.inference import InputTensor, ModelEntry, OutputTensor, SharedMemorySlice
 from pyserve.dtypes import DATATYPES, itemsize, numpy_dtype, serialize_bytes
 from pyserve.errors import InvalidInputError, UnsupportedError
-from pyserve.frontends.common import model_parameters
+from pyserve.frontends.common import check_shape, model_parameters
 from pyserve.frontends.shared_memory import input_from_region, slice_of, uses_shared_memory
 
 
@@ -125,6 +131,7 @@ def _decode_input(
     shape = raw.get("shape")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise InvalidInputError(f"input '{name}': 'shape' must be a list of non-negative integers, got {shape!r}")
+    check_shape(f"input '{name}'", shape, datatype)
     count = math.prod(shape)
     params = _parameters(raw.get("parameters"), f"input '{name}'")
     if params and uses_shared_memory(params):
@@ -192,6 +199,13 @@ def _from_json(name: str, datatype: str, shape: list[int], count: int, data: Any
             info = np.iinfo(target)
             if array.min() < info.min or array.max() > info.max:
                 raise InvalidInputError(f"input '{name}': a value is out of range for {datatype}")
+        elif target.itemsize < array.itemsize:
+            # A finite number past the type's range would become an infinity: refused, as out-of-range integers are.
+            with np.errstate(over="ignore"):
+                converted = array.astype(target)
+            if np.isinf(converted).any() and (np.isinf(converted) & np.isfinite(array)).any():
+                raise InvalidInputError(f"input '{name}': a value is out of range for {datatype}")
+            return InputTensor(datatype, shape, converted.reshape(shape))
     return InputTensor(datatype, shape, array.astype(target, copy=False).reshape(shape))
 
 
@@ -290,13 +304,35 @@ def encode_response(
     return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY), parts
 
 
-def _json_data(output: OutputTensor) -> Any:
-    array = output.to_numpy()
+def _json_data(output: OutputTensor, scalar: bool = False) -> Any:
+    """An output's elements for a JSON document: a flat list (a lone element itself with ``scalar``)."""
+    array = output.to_numpy().reshape(-1)
     if output.datatype == "BYTES":
-        return [item.decode("utf-8", errors="replace") for item in array.reshape(-1)]
-    if output.datatype == "BF16":
-        array = array.astype(np.float32)
-    return array.reshape(-1).tolist()
+        values = _json_strings(output.name, array)
+    else:
+        if output.datatype == "BF16":
+            array = array.astype(np.float32)
+        values = array.tolist()
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            # orjson writes null for NaN and infinities: Python's json writes the tokens Triton writes.
+            return orjson.Fragment(
+                json.dumps(values[0] if scalar and len(values) == 1 else values, separators=(",", ":"))
+            )
+    return values[0] if scalar and len(values) == 1 else values
+
+
+def _json_strings(name: str, array: np.ndarray) -> list[str]:
+    strings: list[str] = []
+    for index, item in enumerate(array):
+        try:
+            strings.append(item.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise InvalidInputError(
+                f"output '{name}': BYTES element {index} is not valid UTF-8, which JSON cannot carry; request the "
+                'output as binary data (its parameter "binary_data": true, or the request parameter '
+                '"binary_data_output": true)'
+            ) from None
+    return strings
 
 
 # generate extension ------------------------------------------------------------------------------------------
@@ -306,10 +342,34 @@ def _json_object(data: bytes | bytearray | memoryview, what: str) -> dict[str, A
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise InvalidInputError(f"failed to parse the {what} JSON: {exc}") from None
+        doc = _json_with_non_finite(data, f"failed to parse the {what} JSON: {exc}")
     if not isinstance(doc, dict):
         raise InvalidInputError(f"the {what} JSON must be an object")
     return doc
+
+
+def _json_with_non_finite(data: bytes | bytearray | memoryview, refusal: str) -> Any:
+    """JSON holding the numbers NaN, Infinity or -Infinity, which Triton reads (and Python's json writes) and orjson
+    refuses; any other document orjson refused stays refused with its reason (``refusal``)."""
+    raw = bytes(data)
+    if b"NaN" not in raw and b"Infinity" not in raw:
+        raise InvalidInputError(refusal)
+    try:
+        doc = json.loads(raw, parse_int=_int_as_orjson_reads_it)
+    except (ValueError, RecursionError):
+        raise InvalidInputError(refusal) from None
+    try:
+        # Strings orjson refuses (lone surrogates) and nesting past its depth stay refused.
+        orjson.dumps(doc)
+    except orjson.JSONEncodeError as exc:
+        raise InvalidInputError(f"{refusal.partition(': ')[0]}: {exc}") from None
+    return doc
+
+
+def _int_as_orjson_reads_it(text: str) -> int | float:
+    """An integer within 64 bits; a float past them (as orjson reads it)."""
+    value = int(text)
+    return value if -(1 << 63) <= value < 1 << 64 else float(value)
 
 
 def decode_generate_request(body: bytes | bytearray | memoryview, entry: ModelEntry) -> InferCall:
@@ -381,6 +441,5 @@ def encode_generate_response(
     if parameters:
         doc.update(parameters)
     for output in outputs:
-        data = _json_data(output)
-        doc[output.name] = data[0] if len(data) == 1 else data
+        doc[output.name] = _json_data(output, scalar=True)
     return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)

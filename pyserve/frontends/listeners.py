@@ -3,7 +3,8 @@
 ``start_listeners`` starts each front end on the running loop with the core's ``CoreApi``. A port that cannot be
 bound raises ``ServerError`` naming the listener, the address and the system's reason —
 ``cannot listen for gRPC on 127.0.0.1:8001: Address already in use; ...`` — after closing the listeners already
-started; the process's entry point reports that one line to ``Serve``.
+started; the process's entry point reports that one line to ``Serve``. TLS files that cannot serve
+(``ServeConfig.tls_certfile`` ...) raise ``ServerError`` the same way, naming the setting (``pyserve.frontends.tls``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,18 @@ class Listeners:
         except BaseException:
             await self.close()
             raise
+
+    def stop_accepting(self) -> None:
+        """Take no new HTTP connections (those open go on: a new request on one is refused by the core)."""
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+
+    async def stop_grpc(self, grace_s: float) -> None:
+        """Take no new gRPC calls; those in progress get ``grace_s`` to finish, then are cancelled."""
+        if self._grpc is not None:
+            await self._grpc.stop(grace_s)
+            self._grpc = None
 
     async def close(self) -> None:
         """Stop accepting connections; gRPC calls in progress are cancelled (which cancels their requests)."""

@@ -2,7 +2,8 @@
 
 A second listener of the HTTP front end's connection protocol on the core's loop (no thread, no process of its
 own), with an app that answers only ``/metrics``. The page is built when the scrape arrives
-(``CoreApi.metrics_page``, from ``pyserve.core.metrics_collector``).
+(``CoreApi.metrics_page``, from ``pyserve.core.metrics_collector``). It is not restricted (tritonserver's restricted
+groups have no metrics group) and serves plain HTTP unless ``metrics`` is among ``ServeConfig.tls_endpoints``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pyserve.config import ServeConfig
 from pyserve.core.api import METRICS_CONTENT_TYPE, CoreApi
 from pyserve.core.inference import InferenceRequest
 from pyserve.frontends.http_connection import HttpProtocol, HttpRequest, listen
+from pyserve.frontends.tls import server_ssl_context
 
 logger = logging.getLogger(__name__)
 
@@ -46,5 +48,13 @@ class MetricsApp:
 
 
 async def start_metrics_server(core: CoreApi, config: ServeConfig) -> tuple[asyncio.base_events.Server, int]:
-    """Listen on config.host:metrics_port (0 picks a free port); returns the server and the bound port."""
-    return await listen(MetricsApp(core, config), config.host, config.metrics_port, backlog=128)
+    """Listen on config.host:metrics_port (0 picks a free port; TLS when ``metrics`` is among
+    ``tls_endpoints``); returns the server and the bound port."""
+    return await listen(
+        MetricsApp(core, config),
+        config.host,
+        config.metrics_port,
+        backlog=128,
+        header_timeout_s=config.http_header_timeout_s,
+        tls=server_ssl_context(config) if config.uses_tls("metrics") else None,
+    )

@@ -4,8 +4,8 @@ A tensor's parameters ``shared_memory_region``, ``shared_memory_byte_size`` and 
 ``shared_memory_offset`` put an input's bytes, or where an output should go, in a region the client registered.
 An input is read from the region in place; an output is written into the region by the front end when the response
 comes, and the response then describes it (name, datatype, shape, the same parameters) without its data. The
-shared-memory endpoints themselves (register, unregister, status) are a restricted API when
-``ServeConfig.restricted_api`` says so.
+shared-memory endpoints themselves (register, unregister, status) are the restricted group ``shared-memory``
+(``ServeConfig.restricted_api``, ``http_restricted_api``, ``grpc_restricted_protocol``; see ``restricted``).
 """
 
 from __future__ import annotations
@@ -16,15 +16,13 @@ from typing import Any
 from pyserve.core.api import SharedMemoryControls
 from pyserve.core.infer_call import tensor_from_shared_memory
 from pyserve.core.inference import InputTensor, OutputTensor, SharedMemorySlice
-from pyserve.errors import InvalidInputError, PermissionDeniedError
+from pyserve.errors import InvalidInputError
 
 REGION = "shared_memory_region"
 BYTE_SIZE = "shared_memory_byte_size"
 OFFSET = "shared_memory_offset"
 SYSTEM = "system"
 CUDA = "cuda"
-# gRPC carries a restricted API's header as metadata under this prefix (tritonserver's --grpc-restricted-protocol).
-GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 
 
 def uses_shared_memory(parameters: Mapping[str, Any]) -> bool:
@@ -78,10 +76,3 @@ def output_parameters(where: SharedMemorySlice, nbytes: int) -> dict[str, Any]:
     if where.offset:
         described[OFFSET] = where.offset
     return described
-
-
-def check_restricted(restriction: tuple[str, str] | None, header: str, value: str | None) -> None:
-    """Refuse a restricted shared-memory call whose header (``header`` as the protocol names it) is missing or
-    wrong (403 / PERMISSION_DENIED, Triton's wording)."""
-    if restriction is not None and value != restriction[1]:
-        raise PermissionDeniedError(f"This API is restricted, expecting header '{header}'")

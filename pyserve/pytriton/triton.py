@@ -3,7 +3,8 @@
 ``Triton`` keeps PyTriton's lifecycle — ``run()``, ``serve()``, ``stop()``, ``is_alive()``, ``connect()``, the
 context manager — and its ``bind`` signature, and hands everything to one ``pyserve.Serve`` (``Triton.server``):
 the models run as pyserve thread instances in this process, with no tritonserver binary, workspace or proxy
-processes. PyTriton's ``RemoteTriton`` (binding into a server started elsewhere) is not provided here.
+processes. ``RemoteTriton`` binds into a server started elsewhere (another process or host), over
+``pyserve.remote.RemoteServe``.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from pyserve.config import ModelConfig as PyServeModelConfig
 from pyserve.config import Tensor as PyServeTensor
 from pyserve.pytriton.model_config import ModelConfig
 from pyserve.pytriton.triton_config import TritonConfig, to_serve_config
+from pyserve.remote import RemoteServe
 from pyserve.serve import Serve
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Triton", "TritonConfig"]
+__all__ = ["RemoteTriton", "Triton", "TritonConfig"]
 
 # PyTriton's serve(monitoring_period_s=...) default; pyserve's serve() watches its core process without polling.
 MONITORING_PERIOD_S = 10.0
@@ -35,6 +37,8 @@ class Triton:
     ``triton_lifecycle_policy`` are accepted and unused (pyserve writes no model store); ``security_config`` is
     accepted with a warning: use ``TritonConfig.http_restricted_api`` for what pyserve can restrict.
     """
+
+    server: Serve | RemoteServe
 
     def __init__(
         self,
@@ -145,3 +149,23 @@ def _plain(tensor: PyServeTensor) -> PyServeTensor:
     if type(tensor) is PyServeTensor or not isinstance(tensor, PyServeTensor):
         return tensor
     return PyServeTensor(tensor.name, tensor.dtype, tensor.shape, tensor.optional)
+
+
+class RemoteTriton(Triton):
+    """PyTriton's remote mode: models of this process bound into a pyserve server running elsewhere.
+
+    ``url`` is the server's HTTP address (``localhost``, ``host:8000``, ``http://host:8000``; port 8000 when none is
+    given) or its remote port (``tcp://host:port``). The server must have a remote port open
+    (``ServeConfig.remote_port``, ``pyserve serve --remote-port``); ``token`` defaults to ``PYSERVE_REMOTE_TOKEN``,
+    which PyTriton code sets instead of changing a line. The models run as threads of this process and are unloaded
+    from the server when it stops (``stop()``, the ``with`` block's end). ``workspace`` is accepted and unused.
+    """
+
+    def __init__(self, url: str, workspace: Any = None, *, token: str | None = None) -> None:
+        self.config = TritonConfig()
+        self.server = RemoteServe(url, token=token)
+        self._started = False
+
+    def __enter__(self) -> RemoteTriton:
+        super().__enter__()
+        return self

@@ -7,7 +7,9 @@ API, the model repository and its control mode, the response cache size (``cache
 ``response_cache_byte_size``), latency metrics (``metrics_config``) and tracing (``trace_config`` ``level``,
 ``rate``, ``file``). Fields that only mean something to the Triton binary (its thread counts, memory pools, backend
 and cache directories, keep-alive settings, SageMaker and Vertex AI endpoints, ...) are accepted, and one warning
-names those that were set. TLS (``grpc_use_ssl``) is refused: pyserve would serve plain text.
+names those that were set. ``http_restricted_api`` / ``grpc_restricted_protocol`` restrict endpoint groups as
+tritonserver does; ``grpc_use_ssl`` (with ``grpc_server_cert``, ``grpc_server_key``, and for ``grpc_use_ssl_mutual``
+``grpc_root_cert``) serves gRPC over TLS, HTTP staying plain as in tritonserver.
 """
 
 from __future__ import annotations
@@ -178,7 +180,8 @@ _MAPPED = frozenset(
         "disable_auto_complete_config", "model_control_mode", "repository_poll_secs", "load_model",
         "allow_http", "http_address", "http_port", "http_header_forward_pattern", "http_restricted_api",
         "allow_grpc", "grpc_address", "grpc_port", "grpc_header_forward_pattern", "grpc_restricted_protocol",
-        "grpc_use_ssl", "grpc_use_ssl_mutual", "allow_metrics", "metrics_port", "metrics_address",
+        "grpc_use_ssl", "grpc_use_ssl_mutual", "grpc_server_cert", "grpc_server_key", "grpc_root_cert",
+        "allow_metrics", "metrics_port", "metrics_address",
         "metrics_config", "trace_config", "cache_config", "response_cache_byte_size",
     }
 )  # fmt: skip
@@ -188,8 +191,6 @@ _PORTS = {"http": "http_port", "grpc": "grpc_port", "metrics": "metrics_port"}
 
 def to_serve_config(config: TritonConfig) -> ServeConfig:
     """The ``ServeConfig`` (over ``PYSERVE_*`` variables and defaults) that serves as ``config`` asks."""
-    if config.grpc_use_ssl or config.grpc_use_ssl_mutual:
-        raise ConfigError("TritonConfig.grpc_use_ssl: pyserve serves gRPC without TLS; put a TLS proxy in front")
     set_fields = {name: value for name, value in dataclasses.asdict(config).items() if value is not None}
     ignored = sorted(set(set_fields) - _MAPPED)
     if ignored:
@@ -215,13 +216,31 @@ def to_serve_config(config: TritonConfig) -> ServeConfig:
         pattern = getattr(config, f"{protocol}_header_forward_pattern")
         if pattern is not None:
             values[f"{protocol}_header_forward_pattern"] = pattern
-    restricted = {config.http_restricted_api, config.grpc_restricted_protocol} - {None}
-    if len(restricted) > 1:
-        raise ConfigError("TritonConfig: pyserve restricts HTTP and gRPC alike; give one restricted API setting")
-    if restricted:
-        values["restricted_api"] = restricted.pop()
+    if config.http_restricted_api is not None:
+        values["http_restricted_api"] = (config.http_restricted_api,)
+    if config.grpc_restricted_protocol is not None:
+        values["grpc_restricted_protocol"] = (config.grpc_restricted_protocol,)
+    values.update(_grpc_tls(config))
     values.update(_observability(config))
     return ServeConfig.from_env(**values)
+
+
+def _grpc_tls(config: TritonConfig) -> dict[str, Any]:
+    """tritonserver's gRPC TLS flags as ServeConfig's TLS fields, for the gRPC port only."""
+    if not (config.grpc_use_ssl or config.grpc_use_ssl_mutual):
+        return {}
+    if config.grpc_server_cert is None or config.grpc_server_key is None:
+        raise ConfigError("TritonConfig.grpc_use_ssl needs grpc_server_cert and grpc_server_key")
+    values: dict[str, Any] = {
+        "tls_certfile": os.fspath(config.grpc_server_cert),
+        "tls_keyfile": os.fspath(config.grpc_server_key),
+        "tls_endpoints": ("grpc",),
+    }
+    if config.grpc_use_ssl_mutual:
+        if config.grpc_root_cert is None:
+            raise ConfigError("TritonConfig.grpc_use_ssl_mutual needs grpc_root_cert, the clients' certificates' CA")
+        values["tls_client_ca"] = os.fspath(config.grpc_root_cert)
+    return values
 
 
 def _addresses(config: TritonConfig) -> dict[str, Any]:

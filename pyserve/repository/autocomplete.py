@@ -23,6 +23,7 @@ from pyserve.dtypes import config_type
 from pyserve.errors import ConfigError
 from pyserve.frontends.protocol import model_config_pb2 as pb
 from pyserve.repository.config_document import config_json
+from pyserve.repository.sequence_batching import write_sequence_batching
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +184,8 @@ def _complete_from_code(name: str, config: pb.ModelConfig, describe: Any, model_
         _set_policy(settings.default_queue_policy, batcher.default_queue_policy)
         for level, policy in batcher.priority_queue_policy.items():
             _set_policy(settings.priority_queue_policy[level], policy)
+    if declared.sequence_batcher is not None and config.WhichOneof("scheduling_choice") is None:
+        write_sequence_batching(declared.sequence_batcher, config.sequence_batching)
     if declared.decoupled:
         config.model_transaction_policy.decoupled = True
 

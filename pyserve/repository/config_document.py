@@ -54,7 +54,7 @@ def config_json(message: Any) -> dict[str, Any]:
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             value_field = field.message_type.fields_by_name["value"]
             document[field.name] = {str(k): _json_value(value_field, v) for k, v in sorted(value.items())}
-        elif field.label == field.LABEL_REPEATED:
+        elif _repeated(field):
             document[field.name] = [_json_value(field, item) for item in value]
         elif (field.message_type is None and field.containing_oneof is None) or message.HasField(field.name):
             document[field.name] = _json_value(field, value)
@@ -75,7 +75,11 @@ UsedFields = Mapping[str, "UsedFields | None"]
 _USED: UsedFields = {
     **dict.fromkeys(("name", "platform", "backend", "version_policy", "max_batch_size", "dynamic_batching")),
     **dict.fromkeys(("default_model_filename", "parameters", "model_operations", "model_transaction_policy")),
-    **dict.fromkeys(("model_repository_agents", "response_cache", "sequence_batching")),  # the last one is refused
+    **dict.fromkeys(("model_repository_agents", "response_cache")),
+    "sequence_batching": {
+        **dict.fromkeys(("direct", "oldest", "max_sequence_idle_microseconds", "control_input", "iterative_sequence")),
+        "state": dict.fromkeys(("input_name", "output_name", "data_type", "dims", "initial_state")),
+    },
     "input": dict.fromkeys(("name", "data_type", "dims", "reshape", "optional")),
     "output": dict.fromkeys(("name", "data_type", "dims", "reshape")),
     "instance_group": dict.fromkeys(("name", "kind", "count", "gpus")),
@@ -114,6 +118,14 @@ def _unused(message: Any, used: UsedFields, prefix: str) -> list[str]:
         inner = used[field.name]
         if inner is None:
             continue
-        for item in value if field.label == field.LABEL_REPEATED else [value]:
+        for item in value if _repeated(field) else [value]:
             found.extend(p for p in _unused(item, inner, path + ".") if p not in found)
     return found
+
+
+def _repeated(field: Any) -> bool:
+    """Whether a message field is repeated: ``is_repeated`` from protobuf 6.31 on (protobuf 7 dropped ``label``)."""
+    repeated = getattr(field, "is_repeated", None)
+    if repeated is not None:
+        return bool(repeated)
+    return bool(field.label == field.LABEL_REPEATED)

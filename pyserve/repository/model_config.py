@@ -7,8 +7,8 @@ directories; without ``--strict-model-config`` what the config leaves out is com
 ``gpus`` is placed on every visible GPU, a ``KIND_AUTO`` one on them where the backend can use them). Fields
 Triton's backends read that pyserve's take as ``parameters`` are mapped there
 (``pyserve.repository.backend_parameters``). Config fields pyserve does not use are reported in
-``ModelDefinition.warnings`` (``pyserve.repository.config_document``); ``sequence_batching`` is refused. Every error
-is a one-line ``ConfigError`` naming the model.
+``ModelDefinition.warnings`` (``pyserve.repository.config_document``); ``sequence_batching`` is read by
+``pyserve.repository.sequence_batching``. Every error is a one-line ``ConfigError`` naming the model.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from pyserve.repository.config_document import (
     unused_fields,
 )
 from pyserve.repository.hooks import LoadHook, check_agents, checksum_hook, run_hooks
+from pyserve.repository.sequence_batching import normalize_sequence_batching, sequence_batcher
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,10 +162,9 @@ def _read_model(
             "(or be left out)"
         )
     config.name = name
-    if config.HasField("sequence_batching"):
+    if config.sequence_batching.iterative_sequence:
         raise ConfigError(
-            f"model '{name}': sequence_batching (stateful models) is not supported yet; remove it to serve the model "
-            "statelessly (with dynamic_batching)"
+            f"model '{name}': sequence_batching.iterative_sequence (iterative scheduling) is not supported"
         )
     check_agents(name, config)
     model_dir = run_hooks(model_dir, config, (checksum_hook, *hooks))
@@ -186,7 +186,7 @@ def _read_model(
     _normalize(config, backend_name, module, functools.cache(gpu_count), functools.cache(lambda: gpu_capable(module)))
     mapped = backend_parameters(name, backend_name, config)
     with _about(name):
-        specs = {version: _model_spec(name, version, config, mapped.parameters) for version in versions}
+        specs = {version: _model_spec(name, version, config, mapped.parameters, model_dir) for version in versions}
     return ModelDefinition(
         name=name,
         backend=backend_name,
@@ -335,12 +335,15 @@ def _normalize(
             group.gpus.extend(range(visible))
     if not config.default_model_filename:
         config.default_model_filename = module.DEFAULT_MODEL_FILENAME
+    normalize_sequence_batching(config)
 
 
 # onto pyserve's definitions ---------------------------------------------------------------------------------------
 
 
-def _model_spec(name: str, version: int, config: pb.ModelConfig, parameters: dict[str, str]) -> ModelSpec:
+def _model_spec(
+    name: str, version: int, config: pb.ModelConfig, parameters: dict[str, str], model_dir: Path
+) -> ModelSpec:
     if not config.input or not config.output:
         missing = "input" if not config.input else "output"
         raise ConfigError(f"no {missing} is declared, and none could be read from the model file; declare it")
@@ -354,6 +357,9 @@ def _model_spec(name: str, version: int, config: pb.ModelConfig, parameters: dic
         worker=WorkerKind.PROCESS,
         response_cache=config.response_cache.enable,
         parameters=dict(parameters),
+        sequence_batcher=(
+            sequence_batcher(config.sequence_batching, model_dir) if config.HasField("sequence_batching") else None
+        ),
     )
     return ModelSpec(
         name=name,

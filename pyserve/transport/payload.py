@@ -12,7 +12,7 @@ from typing import Any
 
 import cloudpickle
 
-from pyserve.config import ModelSpec
+from pyserve.config import ModelSpec, WorkerKind
 from pyserve.errors import ConfigError
 
 
@@ -22,8 +22,9 @@ def build_payload(spec: ModelSpec, functions: Sequence[Callable[..., Any]]) -> b
         functions_blob = cloudpickle.dumps(list(functions))
     except Exception as exc:
         raise ConfigError(
-            f"model '{spec.name}': the infer function cannot be pickled for worker='process' ({exc}). "
-            "Bind a class instead (the factory form): it is instantiated inside each worker process, and its "
+            f"model '{spec.name}': the infer function cannot be pickled for "
+            f"worker='{WorkerKind(spec.config.worker).value}' ({exc}). "
+            "Bind a class instead (the factory form): it is instantiated inside each instance's process, and its "
             "setup(device) method, if any, loads the model there."
         ) from exc
     # The worker extends its sys.path like ours before unpickling, so classes from the user's modules import.
@@ -34,7 +35,12 @@ def build_payload(spec: ModelSpec, functions: Sequence[Callable[..., Any]]) -> b
 def read_payload(path: str) -> tuple[ModelSpec, list[Callable[..., Any]]]:
     """The spec and callables of a payload file (extends ``sys.path`` first, as the payload's maker had it)."""
     with open(path, "rb") as handle:
-        payload: dict[str, Any] = cloudpickle.load(handle)
+        return load_payload(handle.read())
+
+
+def load_payload(data: bytes) -> tuple[ModelSpec, list[Callable[..., Any]]]:
+    """The spec and callables of a payload (``build_payload``'s bytes)."""
+    payload: dict[str, Any] = cloudpickle.loads(data)
     sys.path.extend(path for path in payload["sys_path"] if path not in sys.path)
     functions: list[Callable[..., Any]] = cloudpickle.loads(payload["functions"])
     return ModelSpec.from_wire(payload["spec"]), functions

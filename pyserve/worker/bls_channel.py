@@ -102,6 +102,11 @@ class BlsChannel:
             self._loop = None
         self._flags = []
 
+    def adopt(self) -> None:
+        """The calling thread takes the channel over (an in-process caller's pooled channel moves between threads;
+        the lock that hands it over orders the socket's use)."""
+        self._thread = threading.get_ident()
+
     def on_late_response(self, response: BlsResponse, frames: list[Any]) -> None:
         """A ``bls_res`` the instance loop read: a late reply to a call already given up (its slots are freed)."""
         self._on_response(response, frames)

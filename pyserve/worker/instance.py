@@ -31,6 +31,7 @@ from pyserve.request import (
     set_current_model,
 )
 from pyserve.telemetry.spans import start_compute
+from pyserve.transport.curve import secure_client
 from pyserve.transport.messages import FrameWriter, array_from_buffer, pack_header, read_buffer, unpack_header
 from pyserve.transport.protocol import (
     MERGED,
@@ -50,6 +51,7 @@ from pyserve.transport.shm import ShmPool, ShmReader
 from pyserve.worker.bls_channel import BlsChannel
 from pyserve.worker.cancel import CancelListener, acquire_listener, release_listener, wait_synced
 from pyserve.worker.outputs import OutputEncoder
+from pyserve.worker.sequence_state import SequenceStates
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +75,14 @@ class InstanceRunner:
         stage_times: bool = False,
         cancel_address: str = "",
         spin_us: int = 0,
+        remote_token: str = "",
+        routing_id: bytes = b"",
     ) -> None:
         self.address = address
+        # An instance of a remote peer (RemoteServe): its socket is a CURVE client keyed by this token, named by
+        # its session (pyserve.core.remote_peers).
+        self._remote_token = remote_token
+        self._routing_id = routing_id
         # The core's cancel publisher: the instance subscribes (and waits for the confirmation) before its hello,
         # so once the core counts it as connected no cancel of its batches can be lost.
         self._cancel_address = cancel_address
@@ -97,6 +105,8 @@ class InstanceRunner:
         self._shm_threshold = shm_threshold
         self._shm_limit = shm_limit
         self._output_encoder = OutputEncoder(spec)
+        # A stateful model's sequences: control inputs and the state kept for each (pyserve.worker.sequence_state).
+        self._sequences = SequenceStates(spec) if spec.config.sequence_batcher is not None else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._parent_pid = parent_pid
         # ServeConfig.debug_errors: error messages of failed batches carry the traceback.
@@ -118,6 +128,10 @@ class InstanceRunner:
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, 0)
         socket.setsockopt(zmq.RCVHWM, 0)
+        if self._remote_token:
+            secure_client(socket, self._remote_token)
+        if self._routing_id:
+            socket.setsockopt(zmq.ROUTING_ID, self._routing_id)
         pool = ShmPool(self._shm_prefix, self._shm_limit)
         reader = ShmReader()
         # BLS calls made by the function use this socket while it runs; what else they read waits in bls.deferred.
@@ -222,6 +236,8 @@ class InstanceRunner:
         flags = [CancelFlag() for _ in requests]
         try:
             batch = self._decode(requests, message.blocks, frames, reader, flags)
+            if self._sequences is not None:
+                self._sequences.prepare(batch, message.sequences, message.released_sequences)
         except Exception as exc:  # a malformed batch is the core's bug; report it, keep serving
             logger.error(
                 "instance %d of model '%s' version %d could not decode a batch",
@@ -257,6 +273,8 @@ class InstanceRunner:
             if inspect.isawaitable(result):
                 result = self._event_loop().run_until_complete(_await(result))
             computed = time.monotonic_ns()
+            if self._sequences is not None:
+                result = self._sequences.collect(batch, result)
             writer = FrameWriter(pool, self._shm_threshold)
             outputs = self._output_encoder.encode(batch, result, writer)
         except Exception as exc:
@@ -271,6 +289,8 @@ class InstanceRunner:
             reset_current_model(token)
             if self._cancel is not None:
                 self._cancel.unregister(batch_id)
+            if self._sequences is not None:
+                self._sequences.finish(batch)
         encoded = time.monotonic_ns()
         timings = [decoded - started, computed - decoded, encoded - computed]
         stamps = [received, decoded, computed, time.monotonic_ns()] if received else None
@@ -299,6 +319,8 @@ class InstanceRunner:
                     break
                 if isinstance(result, (list, tuple)) and len(result) == len(batch):
                     result = [None if r.is_cancelled else out for r, out in zip(batch, result, strict=True)]
+                if self._sequences is not None:
+                    result = self._sequences.collect(batch, result)
                 writer = FrameWriter(pool, self._shm_threshold)
                 outputs = self._output_encoder.encode(batch, result, writer, allow_none=True)
                 timings = [produced - last, time.monotonic_ns() - produced]

@@ -261,19 +261,26 @@ def test_large_tensors_round_trip_concurrently(server: Serve) -> None:
 
 CHILD = textwrap.dedent(
     """
-    import json, time, urllib.request
+    import json, os, time, urllib.request
     import numpy as np
-    from pyserve import Serve, ServeConfig, Tensor
+    from pyserve import ModelConfig, Serve, ServeConfig, Tensor
 
+    def identity(requests):
+        return [{"OUTPUT0": r["INPUT0"]} for r in requests]
+
+    tensors = dict(inputs=[Tensor("INPUT0", np.float32, (-1,))], outputs=[Tensor("OUTPUT0", np.float32, (-1,))])
     s = Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0))
-    s.bind("identity", lambda requests: [{"OUTPUT0": r["INPUT0"]} for r in requests],
-           inputs=[Tensor("INPUT0", np.float32, (-1,))], outputs=[Tensor("OUTPUT0", np.float32, (-1,))])
+    s.bind("identity", identity, **tensors)
+    s.bind("identity_process", identity, **tensors, config=ModelConfig(worker="process"))
     s.run()
     body = np.ones(262144, np.float32).tobytes()
-    request = urllib.request.Request(s.url + "/v2/models/identity/infer", data=body,
-                                     headers={"Inference-Header-Content-Length": "0"})
-    urllib.request.urlopen(request, timeout=30).read()
-    print(json.dumps({"pid": s._core.pid, "session": s._session, "runtime_dir": s._core.runtime_dir}), flush=True)
+    for model in ("identity", "identity_process"):
+        request = urllib.request.Request(s.url + f"/v2/models/{model}/infer", data=body,
+                                         headers={"Inference-Header-Content-Length": "0"})
+        urllib.request.urlopen(request, timeout=30).read()
+    workers = [int(pid) for pid in open(f"/proc/{s._core.pid}/task/{s._core.pid}/children").read().split()]
+    print(json.dumps({"pid": s._core.pid, "session": s._session, "runtime_dir": s._core.runtime_dir,
+                      "workers": workers}), flush=True)
     time.sleep(120)
     """
 )
@@ -286,6 +293,8 @@ class KilledParent:
     core_gone: bool
     segments_left: list[str]
     runtime_dir_left: bool
+    workers: list[int]
+    workers_left: list[int]
 
 
 @pytest.fixture(scope="module")
@@ -312,9 +321,12 @@ def killed_parent(repo_root: Path) -> Iterator[KilledParent]:
         child.send_signal(signal.SIGKILL)
         child.wait(10)
 
+        workers = [int(pid) for pid in info["workers"]]  # type: ignore[attr-defined]
         core_gone = wait_until(lambda: process_gone(core_pid))
+        wait_until(lambda: all(process_gone(pid) for pid in workers))
         wait_until(lambda: segments(session) == [])
-        yield KilledParent(core_gone, segments(session), os.path.exists(runtime_dir))
+        workers_left = [pid for pid in workers if not process_gone(pid)]
+        yield KilledParent(core_gone, segments(session), os.path.exists(runtime_dir), workers, workers_left)
     finally:
         if child.poll() is None:
             child.kill()
@@ -322,9 +334,9 @@ def killed_parent(repo_root: Path) -> Iterator[KilledParent]:
         for stream in (child.stdout, child.stderr):
             if stream is not None:
                 stream.close()
-        pid = info.get("pid")
-        if isinstance(pid, int) and not process_gone(pid):
-            os.kill(pid, signal.SIGKILL)
+        for pid in [info.get("pid"), *info.get("workers", [])]:  # type: ignore[misc]
+            if isinstance(pid, int) and not process_gone(pid):
+                os.kill(pid, signal.SIGKILL)
         leftover_session = info.get("session")
         if isinstance(leftover_session, str):
             remove_segments(leftover_session)
@@ -335,6 +347,11 @@ def killed_parent(repo_root: Path) -> Iterator[KilledParent]:
 
 def test_core_exits_when_the_parent_is_killed(killed_parent: KilledParent) -> None:
     assert killed_parent.core_gone, "the core process outlived its killed parent"
+
+
+def test_process_instances_exit_when_the_parent_is_killed(killed_parent: KilledParent) -> None:
+    assert len(killed_parent.workers) == 1
+    assert killed_parent.workers_left == [], "a process instance outlived its killed parent"
 
 
 def test_shared_memory_is_removed_when_the_parent_is_killed(killed_parent: KilledParent) -> None:

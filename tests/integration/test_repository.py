@@ -195,7 +195,9 @@ def test_explicit_mode_loads_unloads_and_reloads_on_request(tmp_path: Path) -> N
     add_onnx_model(tmp_path, "mlp", seed=1)
     add_python_model(tmp_path, "plus", offset=1.0)
     (tmp_path / "broken").mkdir()
-    (tmp_path / "broken" / "config.pbtxt").write_text('backend: "python"\nsequence_batching { }\n')
+    (tmp_path / "broken" / "config.pbtxt").write_text(
+        'backend: "python"\nsequence_batching { iterative_sequence: true }\n'
+    )
     config = ServeConfig(**FREE_PORTS, model_control_mode="explicit", load_model=("mlp",))
     x = np.ones((1, 4), np.float32)
     with Serve(config, model_repository=tmp_path) as server:
@@ -230,7 +232,7 @@ def test_explicit_mode_loads_unloads_and_reloads_on_request(tmp_path: Path) -> N
             np.testing.assert_allclose(http_infer(http, "sent", x), mlp_reference(x, 8), rtol=1e-5, atol=1e-6)
             with pytest.raises(InferenceServerException) as info:
                 http.load_model("broken")
-            assert "sequence_batching" in str(info.value)
+            assert "iterative_sequence" in str(info.value)
             with pytest.raises(InferenceServerException) as info:
                 grpc.load_model("not_there")
             assert "not_there" in str(info.value)

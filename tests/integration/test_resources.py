@@ -22,6 +22,7 @@ import orjson
 import pytest
 
 from pyserve import ModelConfig, Request, Serve, ServeConfig, Tensor
+from pyserve.client import ModelClient
 from pyserve.transport.shm import SHM_DIR
 
 pytestmark = [
@@ -302,3 +303,44 @@ def test_process_instances_exit_when_the_core_is_killed() -> None:
     finally:
         s.stop()
     assert time.monotonic() - stopping < 2.0, "stop() was slow after the core died"
+
+
+def test_serve_stops_and_cleans_up_when_its_core_dies(caplog: pytest.LogCaptureFixture) -> None:
+    s = Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0))
+    s.bind("orphan", Identity, FP32_IN, FP32_OUT, ModelConfig(worker="process"))
+    s.bind("thread_model", Identity, FP32_IN, FP32_OUT)
+    try:
+        s.run()
+        core, worker = core_and_worker(s)
+        session = s._session
+        os.kill(core, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while s._core is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not s.is_running and s._core is None, "Serve did not notice its core died"
+        while alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(worker), "the worker process outlived its killed core"
+        assert not [name for name in os.listdir("/dev/shm") if name.startswith(session)]
+        assert any("exited unexpectedly (killed by SIGKILL)" in r.getMessage() for r in caplog.records)
+        # It can be started again.
+        s.run()
+        assert s.is_running
+    finally:
+        s.stop()
+
+
+def test_process_instances_leave_nothing_after_stop() -> None:
+    s = Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0))
+    s.bind("procs", Identity, FP32_IN, FP32_OUT, ModelConfig(worker="process", instances=2))
+    s.run()
+    session = s._session
+    assert s._core is not None
+    workers = children_of(s._core.pid)
+    assert len(workers) == 2
+    with ModelClient(s.url, "procs") as client:  # a large tensor: the instances' shared-memory pools are used
+        client.infer_sample(INPUT0=np.ones(1 << 20, np.float32))
+    assert [name for name in os.listdir("/dev/shm") if name.startswith(session)]
+    s.stop()
+    assert not [pid for pid in workers if alive(pid)]
+    assert not [name for name in os.listdir("/dev/shm") if name.startswith(session)]

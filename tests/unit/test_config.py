@@ -212,7 +212,7 @@ def test_model_config_rejects_fewer_than_one_instance(instances: int) -> None:
 
 def test_model_config_takes_worker_kind_by_name() -> None:
     assert ModelConfig(worker="process").worker is WorkerKind.PROCESS  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="worker must be one of 'thread', 'process', got 'gpu'"):
+    with pytest.raises(ConfigError, match="worker must be one of 'thread', 'process', 'ray', got 'gpu'"):
         ModelConfig(worker="gpu")  # type: ignore[arg-type]
 
 

@@ -72,6 +72,7 @@ def test_exports() -> None:
             "group_by_values",
             "pad_batch",
             "sample",
+            "sequence",
         ]
     )
 

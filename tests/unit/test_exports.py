@@ -18,8 +18,12 @@ PUBLIC_NAMES = [
     "ModelContext",
     "PyServeError",
     "QueuePolicy",
+    "RemoteServe",
     "Request",
     "RequestBatch",
+    "SequenceBatcher",
+    "SequenceControl",
+    "SequenceState",
     "Serve",
     "ServeConfig",
     "Step",
@@ -38,6 +42,7 @@ PUBLIC_NAMES = [
     "infer_stream",
     "pad_batch",
     "sample",
+    "sequence",
 ]
 
 CLIENT_NAMES = [

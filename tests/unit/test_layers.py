@@ -20,6 +20,7 @@ PACKAGE_DIR = Path(pyserve.__file__).resolve().parent
 SHARED = frozenset(
     {
         "pyserve.config",
+        "pyserve.sequence_config",
         "pyserve.server_config",
         "pyserve.dtypes",
         "pyserve.errors",
@@ -52,14 +53,26 @@ MUST_NOT_IMPORT: dict[str, frozenset[str]] = {
             "pyserve.thread_instances",
             "pyserve.client",
             "pyserve.pytriton",
+            "pyserve.routes",
         }
     ),
-    "pyserve.frontends": frozenset({"pyserve.worker", "pyserve.serve", "pyserve.cli"}),
+    "pyserve.frontends": frozenset({"pyserve.worker", "pyserve.serve", "pyserve.cli", "pyserve.routes"}),
+    # Custom routes and the ASGI app run in the Serve process, above the core and the front ends: Serve holds them,
+    # so they reach it only through the interface they are written against, never the module.
+    "pyserve.routes": frozenset({"pyserve.serve", "pyserve.cli", "pyserve.worker"}),
     # A repository is read by the core (and Serve.bind_model); backends run in instances and know neither.
     "pyserve.repository": frozenset({"pyserve.core", "pyserve.frontends", "pyserve.serve", "pyserve.cli"}),
     # The clients run anywhere: they speak the wire protocols, and know nothing of the server's insides.
     "pyserve.client": frozenset(
-        {"pyserve.core", "pyserve.worker", "pyserve.serve", "pyserve.cli", "pyserve.repository", "pyserve.backends"}
+        {
+            "pyserve.core",
+            "pyserve.worker",
+            "pyserve.serve",
+            "pyserve.cli",
+            "pyserve.repository",
+            "pyserve.backends",
+            "pyserve.routes",
+        }
     ),
     "pyserve.backends": frozenset(
         {"pyserve.core", "pyserve.frontends", "pyserve.repository", "pyserve.serve", "pyserve.cli"}
@@ -288,7 +301,8 @@ def test_a_layer_violation_names_the_edge_and_the_rule() -> None:
         "pyserve.errors -> pyserve.transport.shm (a shared definition imports only other shared definitions)",
         "pyserve.worker.instance -> pyserve.core.tracing (pyserve.worker may import only pyserve.config, "
         "pyserve.decorators, pyserve.devices, pyserve.dtypes, pyserve.ensemble, pyserve.errors, pyserve.grouping, "
-        "pyserve.request, pyserve.server_config, pyserve.telemetry, pyserve.transport, pyserve.wrapping)",
+        "pyserve.request, pyserve.sequence_config, pyserve.server_config, pyserve.telemetry, pyserve.transport, "
+        "pyserve.wrapping)",
     ]
 
 

@@ -191,7 +191,7 @@ def test_pyserve_pytriton_is_on_the_users_side() -> None:
     ]
     assert users == [], "nothing in pyserve may import pyserve.pytriton"
     allowed = ("pyserve.pytriton", "pyserve.serve", "pyserve.config", "pyserve.decorators", "pyserve.grouping")
-    allowed += ("pyserve.client", "pyserve.errors", "pyserve.request", "pyserve.wrapping")
+    allowed += ("pyserve.remote", "pyserve.client", "pyserve.errors", "pyserve.request", "pyserve.wrapping")
     reached = {
         name for path in (package / "pytriton").rglob("*.py") for name in _imports(path) if name.startswith("pyserve")
     }

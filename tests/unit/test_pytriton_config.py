@@ -133,11 +133,15 @@ def test_logging_repository_cache_metrics_and_tracing_are_mapped(tmp_path: pathl
     assert to_serve_config(TritonConfig(log_info=True)).log_level == "INFO"
 
 
-def test_restricted_api_is_shared_by_http_and_grpc() -> None:
-    restriction = "shared-memory:admin-key=secret"
-    assert to_serve_config(TritonConfig(http_restricted_api=restriction)).restricted_api == restriction
-    with pytest.raises(ConfigError, match="give one restricted API setting"):
-        to_serve_config(TritonConfig(http_restricted_api=restriction, grpc_restricted_protocol="shared-memory:k=v"))
+def test_restricted_apis_map_onto_each_protocol() -> None:
+    served = to_serve_config(
+        TritonConfig(
+            http_restricted_api="shared-memory,statistics:admin-key=secret", grpc_restricted_protocol="inference:k=v"
+        )
+    )
+    assert served.http_restricted_api == ("shared-memory,statistics:admin-key=secret",)
+    assert served.grpc_restricted_protocol == ("inference:k=v",)
+    assert sorted(served.http_restrictions()) == ["shared-memory", "statistics"]
 
 
 def test_fields_only_tritonserver_uses_are_ignored_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
@@ -160,9 +164,17 @@ def test_fields_only_tritonserver_uses_are_ignored_with_one_warning(caplog: pyte
     ]
 
 
-def test_tls_is_refused_rather_than_served_in_plain_text() -> None:
-    with pytest.raises(ConfigError, match="without TLS"):
+def test_grpc_tls_serves_the_grpc_port_only() -> None:
+    cert, key, ca = pathlib.Path("/certs/server.pem"), pathlib.Path("/certs/server.key"), pathlib.Path("/certs/ca.pem")
+    served = to_serve_config(TritonConfig(grpc_use_ssl=True, grpc_server_cert=cert, grpc_server_key=key))
+    assert (served.tls_certfile, served.tls_keyfile, served.tls_client_ca) == (str(cert), str(key), "")
+    assert served.uses_tls("grpc") and not served.uses_tls("http")
+    mutual = TritonConfig(grpc_use_ssl_mutual=True, grpc_server_cert=cert, grpc_server_key=key, grpc_root_cert=ca)
+    assert to_serve_config(mutual).tls_client_ca == str(ca)
+    with pytest.raises(ConfigError, match="grpc_use_ssl needs grpc_server_cert and grpc_server_key"):
         to_serve_config(TritonConfig(grpc_use_ssl=True))
+    with pytest.raises(ConfigError, match="grpc_use_ssl_mutual needs grpc_root_cert"):
+        to_serve_config(TritonConfig(grpc_use_ssl_mutual=True, grpc_server_cert=cert, grpc_server_key=key))
 
 
 def test_from_env_reads_pytritons_variables(clean_env: pytest.MonkeyPatch) -> None:

@@ -257,7 +257,7 @@ def test_the_version_policy_selects_the_specs(tmp_path: Path) -> None:
         ),
         (BATCHING.replace("onnxruntime", "tensorflow"), None, "backend 'tensorflow' is not served by pyserve"),
         (BATCHING + 'platform: "tensorrt_plan"', None, "backend 'onnxruntime' does not serve platform 'tensorrt_plan'"),
-        (BATCHING + "sequence_batching { }", None, "sequence_batching .* is not supported yet"),
+        (BATCHING + "sequence_batching { iterative_sequence: true }", None, "iterative_sequence .* is not supported"),
         (BATCHING, ("1/other.onnx",), "version 1 has no model file 1/model.onnx"),
         (BATCHING, ("weights/model.onnx",), "no version directory"),
         (BATCHING.replace("data_type: TYPE_FP32 ", "", 1), None, "input 'x' has no data_type"),

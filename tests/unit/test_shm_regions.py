@@ -18,8 +18,8 @@ import pytest
 from pyserve.core import cuda_shm
 from pyserve.core.inference import OutputTensor
 from pyserve.core.shm_regions import CUDA, SYSTEM, SharedMemoryRegistry, segment_of
-from pyserve.errors import InvalidInputError, PermissionDeniedError, UnsupportedError
-from pyserve.frontends.shared_memory import check_restricted, input_from_region, slice_of, write_outputs
+from pyserve.errors import InvalidInputError, UnsupportedError
+from pyserve.frontends.shared_memory import input_from_region, slice_of, write_outputs
 from pyserve.transport.shm import SHM_DIR, map_client_segment
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="checks mappings through /proc")
@@ -191,13 +191,6 @@ def test_outputs_too_large_for_their_slice_are_refused(registry: SharedMemoryReg
     write_outputs({"y": registry.slice("out", 0, 16)}, [output])
     with pytest.raises(InvalidInputError, match=r"output 'y' \(8 bytes\) should be at least 16 bytes"):
         write_outputs({"y": registry.slice("out", 0, 8)}, [output])
-
-
-def test_the_restricted_header(registry: SharedMemoryRegistry) -> None:
-    check_restricted(None, "admin-key", None)
-    check_restricted(("admin-key", "secret"), "admin-key", "secret")
-    with pytest.raises(PermissionDeniedError, match="This API is restricted, expecting header 'admin-key'"):
-        check_restricted(("admin-key", "secret"), "admin-key", "wrong")
 
 
 def test_an_instance_maps_a_clients_segment_copy_on_write(key: str) -> None:

@@ -13,7 +13,8 @@ instance -> core   ``hello``            ``Hello``           model, version, inst
                                                             (kind), pid, shm_prefix
 core -> instance   ``welcome``          ``Welcome``         cancel_address (cancel)
 core -> instance   ``refused``          ``Refused``         message
-core -> instance   ``infer``            ``InferBatch``      batch_id (b), requests (r), blocks (x), trace (tc)
+core -> instance   ``infer``            ``InferBatch``      batch_id (b), requests (r), blocks (x), trace (tc),
+                                                            sequences (sq), released_sequences (sr)
 instance -> core   ``res``              ``BatchResult``     batch_id (b), final, outputs (o), slots (s), timings (tm),
                                                             response_timings (rt), error (err), stage_times (st)
 core -> instance   ``free``             ``FreeSlots``       slots
@@ -44,12 +45,15 @@ from __future__ import annotations
 
 from pyserve.transport.protocol.batches import (
     MERGED,
+    SEQUENCE_END,
+    SEQUENCE_START,
     BatchResult,
     CancelNotice,
     FreeSlots,
     InferBatch,
     InputBlock,
     RequestEntry,
+    SequenceEntry,
     TraceContext,
 )
 from pyserve.transport.protocol.bls import BlsCancel, BlsFree, BlsRequest, BlsResponse
@@ -58,6 +62,8 @@ from pyserve.transport.protocol.control import (
     ControlRequest,
     Load,
     LoadEnsemble,
+    OpenRemote,
+    Ping,
     Serving,
     Shutdown,
     Unload,
@@ -67,6 +73,8 @@ from pyserve.transport.protocol.message import Header, Message, MessageKind, Ten
 
 __all__ = [
     "MERGED",
+    "SEQUENCE_END",
+    "SEQUENCE_START",
     "BatchResult",
     "BlsCancel",
     "BlsFree",
@@ -85,8 +93,11 @@ __all__ = [
     "LoadEnsemble",
     "Message",
     "MessageKind",
+    "OpenRemote",
+    "Ping",
     "Refused",
     "RequestEntry",
+    "SequenceEntry",
     "Serving",
     "Shutdown",
     "Stop",

@@ -18,6 +18,14 @@ tensor belongs to, or ``MERGED``."""
 MERGED: Final = -1
 """The ``target`` of an input block that holds every request's rows of that input, end to end."""
 
+SequenceEntry = list[Any]
+"""Where one request of a stateful model's batch stands in its sequence: ``[correlation id, flags, slot]``."""
+
+SEQUENCE_START: Final = 1
+"""The flag of a ``SequenceEntry`` whose request starts its sequence."""
+SEQUENCE_END: Final = 2
+"""The flag of a ``SequenceEntry`` whose request ends its sequence."""
+
 
 class TraceContext(NamedTuple):
     """What a worker needs to put its compute spans under the batch's traced requests."""
@@ -31,7 +39,7 @@ class TraceContext(NamedTuple):
 class InferBatch(Message):
     """core -> instance: a batch to run, its inputs in the frames that follow or in the core's pool."""
 
-    __slots__ = ("batch_id", "blocks", "requests", "trace")
+    __slots__ = ("batch_id", "blocks", "released_sequences", "requests", "sequences", "trace")
     KIND = MessageKind.INFER
 
     batch_id: int
@@ -42,6 +50,11 @@ class InferBatch(Message):
     """The batch's inputs."""
     trace: TraceContext | None
     """The trace context of a batch with traced requests, else None."""
+    sequences: list[SequenceEntry] | None
+    """Of a stateful model's batch: per request, where it stands in its sequence; else None."""
+    released_sequences: list[Any]
+    """Correlation IDs of sequences the core released on this instance (idle) since its last batch: their state goes
+    before the batch runs (usually empty)."""
 
     def __init__(self, header: Header) -> None:
         self.batch_id = header["b"]
@@ -49,15 +62,27 @@ class InferBatch(Message):
         self.blocks = header["x"]
         trace = header.get("tc")
         self.trace = None if trace is None else TraceContext(trace["file"], trace["parents"])
+        self.sequences = header.get("sq")
+        self.released_sequences = header.get("sr") or []
 
     @staticmethod
     def build(
-        batch_id: int, requests: list[RequestEntry], blocks: list[InputBlock], trace: TraceContext | None = None
+        batch_id: int,
+        requests: list[RequestEntry],
+        blocks: list[InputBlock],
+        trace: TraceContext | None = None,
+        sequences: list[SequenceEntry] | None = None,
+        released_sequences: list[Any] | None = None,
     ) -> Header:
-        """The message (fields: see the class); ``trace`` for a batch with traced requests."""
+        """The message (fields: see the class); ``trace`` for a batch with traced requests, ``sequences`` and
+        ``released_sequences`` for a stateful model's (the keys are absent otherwise)."""
         header: Header = {"t": "infer", "b": batch_id, "r": requests, "x": blocks}
         if trace is not None:
             header["tc"] = {"file": trace.file, "parents": trace.parents}
+        if sequences is not None:
+            header["sq"] = sequences
+        if released_sequences:
+            header["sr"] = released_sequences
         return header
 
 

@@ -113,24 +113,63 @@ class Shutdown(ControlRequest):
         return {"t": "shutdown", "rid": request_id}
 
 
+class OpenRemote(ControlRequest):
+    """Serve -> core: open the remote port now (for Ray instances bound on a running server) with this token; the
+    reply's value is its address. Answered at once when it is open already."""
+
+    __slots__ = ("token",)
+    KIND = MessageKind.OPEN_REMOTE
+
+    token: str
+    """The shared secret remote peers authenticate with (``pyserve.transport.curve``)."""
+
+    def __init__(self, header: Header) -> None:
+        super().__init__(header)
+        self.token = header["token"]
+
+    @staticmethod
+    def build(token: str, request_id: int) -> Header:
+        """The message (fields: see the class)."""
+        return {"t": "open_remote", "token": token, "rid": request_id}
+
+
+class Ping(Message):
+    """remote peer -> core: this peer is alive (``RemoteServe`` sends one a second; ``pyserve.core.remote_peers``
+    drops a peer that stays silent). No reply."""
+
+    __slots__ = ()
+    KIND = MessageKind.PING
+
+    @staticmethod
+    def build() -> Header:
+        """The message (no fields)."""
+        return {"t": "ping"}
+
+
 class ControlReply(Message):
     """core -> Serve: the answer to a control request, ``ok`` or ``error``."""
 
-    __slots__ = ("error", "request_id")
+    __slots__ = ("error", "request_id", "value")
 
     request_id: int
     """The id of the request answered."""
     error: str | None
     """Why the request failed; None when it succeeded."""
+    value: str
+    """What a successful request answers, where it answers something (``open_remote``: the address); else ""."""
 
     def __init__(self, header: Header) -> None:
         self.request_id = header["rid"]
         self.error = header["message"] if header["t"] == "error" else None
+        self.value = header.get("v", "")
 
     @staticmethod
-    def build_ok(request_id: int) -> Header:
-        """The request succeeded."""
-        return {"t": "ok", "rid": request_id}
+    def build_ok(request_id: int, value: str = "") -> Header:
+        """The request succeeded (``value``: what it answers, if anything)."""
+        header: Header = {"t": "ok", "rid": request_id}
+        if value:
+            header["v"] = value
+        return header
 
     @staticmethod
     def build_error(request_id: int, message: str) -> Header:

@@ -32,6 +32,8 @@ class MessageKind:
     UNLOAD: Final = "unload"
     SERVING: Final = "serving"
     SHUTDOWN: Final = "shutdown"
+    PING: Final = "ping"
+    OPEN_REMOTE: Final = "open_remote"
     OK: Final = "ok"
     ERROR: Final = "error"
 

@@ -1,0 +1,288 @@
+"""``RemoteServe``: bind Python functions into a pyserve server that runs elsewhere (another process or host).
+
+The server opens a remote port (``ServeConfig.remote_port`` with a ``remote_token``); ``RemoteServe(url, token=...)``
+finds it (``url`` is the server's HTTP address, which names the remote port at ``GET /v2/pyserve/remote``, or the
+remote port's own ``tcp://host:port``), authenticates with the token (ZeroMQ CURVE: authenticated and encrypted),
+loads each bound model there and runs its instances as threads of this process. Requests reach them through the
+server's front ends, batched and scheduled by its core like any model; tensors travel in the messages (no shared
+memory across hosts). ``stop()`` (or leaving the ``with`` block) unloads them again; if this process dies, the server
+notices the closed connections and unloads them itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable, Sequence
+from functools import partial
+from types import FrameType, TracebackType
+from typing import Any
+
+import orjson
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from pyserve.config import ModelConfig, ModelSpec, ServeConfig, Tensor, WorkerKind, as_tensors
+from pyserve.core_process import ControlChannel
+from pyserve.errors import ConfigError, ModelAlreadyBoundError, ServerError
+from pyserve.thread_instances import CoreLink, ThreadInstances
+from pyserve.transport.curve import TOKEN_ENV, check_token
+from pyserve.transport.protocol import Load, Unload
+from pyserve.worker.remote_session import SessionPinger
+
+logger = logging.getLogger(__name__)
+
+REMOTE_PATH = "/v2/pyserve/remote"
+"""The HTTP path where a server names its remote port: ``{"address": "tcp://host:port"}``."""
+
+_DETACH_TIMEOUT_S = 5.0
+_HANDSHAKE_EVENTS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_DISCONNECTED
+)
+
+
+@dataclasses.dataclass(eq=False)
+class _RemoteModel:
+    spec: ModelSpec
+    functions: list[Callable[..., Any]]
+    loaded: bool = False
+
+
+class RemoteServe:
+    """Models of this process attached to a running pyserve server: ``with RemoteServe(url, token=t) as r:
+    r.bind(...); r.serve()``.
+
+    ``token`` defaults to ``PYSERVE_REMOTE_TOKEN``. ``config`` supplies the instances' settings
+    (``debug_errors``, ``startup_timeout_s``, ``model_load_timeout_s``); its addresses are not used. Models run as
+    thread instances of this process (``ModelConfig.instances`` threads, or one per callable in a list).
+    """
+
+    def __init__(
+        self, url: str, *, token: str | None = None, config: ServeConfig | None = None, timeout_s: float = 30.0
+    ) -> None:
+        token = token if token is not None else os.environ.get(TOKEN_ENV, "")
+        if not token:
+            raise ConfigError(f"RemoteServe needs the server's remote token: pass token= or set {TOKEN_ENV}")
+        check_token(token)
+        self.url = url
+        self.config = config if config is not None else ServeConfig()
+        self.timeout_s = timeout_s
+        self._token = token
+        self._models: dict[tuple[str, int], _RemoteModel] = {}
+        self._control: ControlChannel | None = None
+        self._monitor: zmq.Socket[Any] | None = None
+        self._stop_event = threading.Event()
+        self._session = f"pyserve-remote-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._threads = ThreadInstances(self._stop_event, self._session)
+        self._pinger: SessionPinger | None = None
+        self.address = ""
+
+    # public API -----------------------------------------------------------------------------------------------
+
+    def bind(
+        self,
+        model_name: str,
+        infer_func: Callable[..., Any] | Sequence[Callable[..., Any]],
+        inputs: Sequence[Tensor],
+        outputs: Sequence[Tensor],
+        config: ModelConfig | None = None,
+        model_version: int = 1,
+        strict: bool = False,
+    ) -> None:
+        """Serve ``infer_func`` as ``model_name`` on the remote server (``Serve.bind``'s arguments). Before ``run()``
+        the model is recorded; when attached, it is loaded at once."""
+        config = config if config is not None else ModelConfig()
+        if WorkerKind(config.worker) is not WorkerKind.THREAD:
+            raise ConfigError(
+                f"model '{model_name}': RemoteServe runs its models' functions in this process (thread instances); "
+                "worker='process' is for models bound to a local Serve"
+            )
+        if callable(infer_func):
+            functions = [infer_func] * config.instances
+        else:
+            functions = list(infer_func)
+            if not functions or not all(callable(f) for f in functions):
+                raise ConfigError(f"model '{model_name}': infer_func must be a callable or a list of callables")
+            config = dataclasses.replace(config, instances=len(functions))
+        spec = ModelSpec(
+            name=model_name,
+            version=model_version,
+            inputs=as_tensors(inputs, "inputs"),
+            outputs=as_tensors(outputs, "outputs"),
+            config=config,
+            strict=strict,
+        )
+        key = (model_name, model_version)
+        if key in self._models:
+            raise ModelAlreadyBoundError(f"model '{model_name}' version {model_version} is already bound")
+        model = _RemoteModel(spec, functions)
+        self._models[key] = model
+        if self._control is not None:
+            try:
+                self._load(model)
+            except BaseException:
+                self._models.pop(key, None)
+                raise
+
+    def run(self) -> RemoteServe:
+        """Attach to the server and load every bound model; returns once they are ready there."""
+        if self._control is None:
+            self._stop_event.clear()
+            self._attach()
+        for model in list(self._models.values()):
+            if not model.loaded:
+                self._load(model)
+        return self
+
+    def serve(self) -> None:
+        """Run and block until Ctrl+C, SIGTERM or the server goes away; then stop."""
+        self.run()
+        handled = (signal.SIGINT, signal.SIGTERM)
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = {signum: signal.getsignal(signum) for signum in handled} if in_main else {}
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            raise KeyboardInterrupt
+
+        for signum in previous:
+            signal.signal(signum, on_signal)
+        try:
+            self._wait_disconnected()
+            if not self._stop_event.is_set():
+                logger.error("the server at %s closed the connection; stopping", self.address)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            self.stop()
+
+    def stop(self) -> None:
+        """Unload this process's models from the server (detach), stop their instances. Idempotent."""
+        control = self._control
+        if control is None:
+            return
+        for model in self._models.values():
+            if model.loaded:
+                spec = model.spec
+                try:
+                    control.request(partial(Unload.build, spec.name, spec.version), _DETACH_TIMEOUT_S)
+                except ServerError as exc:
+                    logger.warning("could not unload model '%s' from %s: %s", spec.name, self.address, exc)
+                model.loaded = False
+        self._stop_event.set()
+        self._threads.wake()
+        self._threads.join()
+        if self._pinger is not None:
+            self._pinger.join()
+            self._pinger = None
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None
+        control.close()
+        self._control = None
+
+    @property
+    def is_running(self) -> bool:
+        """Whether this process is attached to the server."""
+        return self._control is not None
+
+    def __enter__(self) -> RemoteServe:
+        try:
+            return self.run()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # internals ------------------------------------------------------------------------------------------------
+
+    def _attach(self) -> None:
+        address = resolve_remote_address(self.url, self.timeout_s)
+        control = ControlChannel(address, f"the server at {address}", self._token, f"{self._session}/control".encode())
+        self._control = control
+        self.address = address
+        self._monitor = control.monitor(_HANDSHAKE_EVENTS)
+        self._wait_handshake()
+        self._pinger = SessionPinger(address, self._token, self._session, self._stop_event)
+        self._pinger.start()
+
+    def _wait_handshake(self) -> None:
+        """Wait until the CURVE handshake succeeded; a refused handshake is a wrong token (or not a pyserve
+        remote port)."""
+        assert self._monitor is not None
+        deadline_ms = int(self.timeout_s * 1000)
+        failures = 0
+        while self._monitor.poll(deadline_ms):
+            event = recv_monitor_message(self._monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                return
+            failures += 1
+            if failures >= 2:  # one failure may be a connection cut short; two is the server refusing us
+                break
+        self.stop()
+        raise ServerError(
+            f"could not authenticate with the server at {self.address}: "
+            + ("it refused the handshake (is the remote token the server's?)" if failures else "no answer in time")
+        )
+
+    def _wait_disconnected(self) -> None:
+        """Block until the control connection closes (the server stopped or went away) or ``stop()``."""
+        while not self._stop_event.is_set():
+            monitor = self._monitor
+            if monitor is None:
+                return
+            if monitor.poll(500) and recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED:
+                return
+
+    def _load(self, model: _RemoteModel) -> None:
+        assert self._control is not None
+        spec = model.spec
+        reply = self._control.request(lambda rid: Load.build(spec, rid), self.config.model_load_timeout_s)
+        if reply.error is not None:
+            raise ConfigError(reply.error)
+        link = CoreLink(self.address, remote_token=self._token, remote_session=self._session)
+        try:
+            self._threads.start(spec, model.functions, link, self.config)
+        except BaseException:
+            self._control.request(partial(Unload.build, spec.name, spec.version), _DETACH_TIMEOUT_S)
+            raise
+        model.loaded = True
+
+
+def resolve_remote_address(url: str, timeout_s: float) -> str:
+    """The ``tcp://`` address of a server's remote port: ``url`` itself, or what its HTTP front end names."""
+    if url.startswith("tcp://"):
+        return url
+    parsed = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+    # Triton's HTTP port when none is given, as tritonclient and PyTriton assume.
+    netloc = parsed.netloc if parsed.port is not None else f"{parsed.netloc}:8000"
+    base = f"{parsed.scheme}://{netloc}"
+    try:
+        with urllib.request.urlopen(base.rstrip("/") + REMOTE_PATH, timeout=timeout_s) as response:
+            address: str = orjson.loads(response.read())["address"]
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise ServerError(
+                f"the server at {base} does not accept remote models: start it with a remote port "
+                "(ServeConfig.remote_port, `pyserve serve --remote-port`)"
+            ) from None
+        raise ServerError(f"the server at {base} answered {exc.code} for {REMOTE_PATH}") from None
+    except (OSError, ValueError, KeyError) as exc:
+        raise ServerError(f"could not ask {base} for its remote port: {exc}") from None
+    return address
