@@ -29,9 +29,10 @@ import orjson
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from pyserve.config import ModelConfig, ModelSpec, ServeConfig, Tensor, WorkerKind, as_tensors
+from pyserve.config import ModelConfig, ModelSpec, ServeConfig, Tensor, WorkerKind
 from pyserve.core_process import ControlChannel
 from pyserve.errors import ConfigError, ModelAlreadyBoundError, ServerError
+from pyserve.serve import bound_model
 from pyserve.thread_instances import CoreLink, ThreadInstances
 from pyserve.transport.curve import TOKEN_ENV, check_token
 from pyserve.transport.protocol import Load, Unload
@@ -102,27 +103,12 @@ class RemoteServe:
     ) -> None:
         """Serve ``infer_func`` as ``model_name`` on the remote server (``Serve.bind``'s arguments). Before ``run()``
         the model is recorded; when attached, it is loaded at once."""
-        config = config if config is not None else ModelConfig()
-        if WorkerKind(config.worker) is not WorkerKind.THREAD:
+        spec, functions = bound_model(model_name, infer_func, inputs, outputs, config, model_version, strict)
+        if spec.config.worker is not WorkerKind.THREAD:
             raise ConfigError(
                 f"model '{model_name}': RemoteServe runs its models' functions in this process (thread instances); "
                 "worker='process' is for models bound to a local Serve"
             )
-        if callable(infer_func):
-            functions = [infer_func] * config.instances
-        else:
-            functions = list(infer_func)
-            if not functions or not all(callable(f) for f in functions):
-                raise ConfigError(f"model '{model_name}': infer_func must be a callable or a list of callables")
-            config = dataclasses.replace(config, instances=len(functions))
-        spec = ModelSpec(
-            name=model_name,
-            version=model_version,
-            inputs=as_tensors(inputs, "inputs"),
-            outputs=as_tensors(outputs, "outputs"),
-            config=config,
-            strict=strict,
-        )
         key = (model_name, model_version)
         if key in self._models:
             raise ModelAlreadyBoundError(f"model '{model_name}' version {model_version} is already bound")

@@ -95,19 +95,8 @@ class Serve:
 
         Before ``run()`` the model is recorded; on a running server it is loaded at once.
         """
-        config = config if config is not None else ModelConfig()
-        spec = _spec(model_name, model_version, inputs, outputs, config, strict)
-        if callable(infer_func):
-            functions = [infer_func] * config.instances
-        else:
-            functions = _callables(model_name, infer_func)
-            if config.instances not in (1, len(functions)):
-                raise ConfigError(
-                    f"model '{model_name}': {len(functions)} callables given but ModelConfig.instances is "
-                    f"{config.instances}"
-                )
-            spec = dataclasses.replace(spec, config=dataclasses.replace(config, instances=len(functions)))
-        payload = build_payload(spec, functions) if config.worker is WorkerKind.PROCESS else None
+        spec, functions = bound_model(model_name, infer_func, inputs, outputs, config, model_version, strict)
+        payload = build_payload(spec, functions) if spec.config.worker is WorkerKind.PROCESS else None
         self._add_model(spec, functions, payload)
 
     def _add_model(self, spec: ModelSpec, functions: list[Callable[..., Any]], payload: bytes | None) -> None:
@@ -555,6 +544,29 @@ def _call_options(arguments: dict[str, Any]) -> dict[str, Any]:
         "timeout_s": arguments["timeout_s"],
         "request_id": arguments["request_id"],
     }
+
+
+def bound_model(
+    model_name: str,
+    infer_func: Callable[..., Any] | Sequence[Callable[..., Any]],
+    inputs: Sequence[Tensor],
+    outputs: Sequence[Tensor],
+    config: ModelConfig | None,
+    model_version: int,
+    strict: bool,
+) -> tuple[ModelSpec, list[Callable[..., Any]]]:
+    """The spec and the per-instance callables of ``bind``'s arguments (``Serve.bind``, ``RemoteServe.bind``): one
+    callable for ``config.instances`` instances, or a list of callables, one instance each."""
+    config = config if config is not None else ModelConfig()
+    spec = _spec(model_name, model_version, inputs, outputs, config, strict)
+    if callable(infer_func):
+        return spec, [infer_func] * config.instances
+    functions = _callables(model_name, infer_func)
+    if config.instances not in (1, len(functions)):
+        raise ConfigError(
+            f"model '{model_name}': {len(functions)} callables given but ModelConfig.instances is {config.instances}"
+        )
+    return dataclasses.replace(spec, config=dataclasses.replace(config, instances=len(functions))), functions
 
 
 def _spec(
