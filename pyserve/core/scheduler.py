@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -32,6 +33,8 @@ from typing import Any, Protocol
 from pyserve.config import QueuePolicy, TimeoutAction
 from pyserve.core.inference import InferenceRequest, InferenceResponse, Instance, ModelEntry, ResponseOrdering
 from pyserve.errors import InferenceError, InvalidInputError, QueueFullError, RequestTimeoutError
+
+logger = logging.getLogger(__name__)
 
 
 class TimerHandle(Protocol):
@@ -313,12 +316,7 @@ class ModelScheduler:
             self._reject(request, RequestTimeoutError("Request timeout expired"))
 
     def _answer_with_error(self, request: InferenceRequest, error: InferenceError) -> None:
-        request.done = True
-        response = InferenceResponse([], error)
-        if self.orderer is not None:
-            self.orderer.deliver(request, response)
-        else:
-            request.on_response(request, response)
+        answer_with_error(request, error, self.orderer)
 
     def _set_timer(self, batch_due_ns: int, now: int) -> None:
         # One timer, for the earlier of the pending batch's delay and the first deadline of a request to reject.
@@ -455,3 +453,16 @@ class ModelScheduler:
         # A request cancelled by flag while queued leaves without a response.
         if self.orderer is not None:
             self.orderer.forget(request)
+
+
+def answer_with_error(request: InferenceRequest, error: InferenceError, orderer: ResponseOrdering | None) -> None:
+    """A scheduler's own final error answer to a request (where no ``reject`` was given), in the model's order."""
+    request.done = True
+    response = InferenceResponse([], error)
+    if orderer is not None:
+        orderer.deliver(request, response)
+        return
+    try:
+        request.on_response(request, response)
+    except Exception:  # one failing callback must not stop the scheduler
+        logger.exception("response callback of request %r failed", request.id)

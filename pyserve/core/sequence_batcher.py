@@ -37,8 +37,8 @@ from collections.abc import Callable
 from typing import Any
 
 from pyserve.config import ControlKind, SequenceBatcher, SequenceStrategy
-from pyserve.core.inference import InferenceRequest, InferenceResponse, Instance, ModelEntry, ResponseOrdering
-from pyserve.core.scheduler import CallLater, Dispatch, Reject, TimerHandle
+from pyserve.core.inference import InferenceRequest, Instance, ModelEntry, ResponseOrdering
+from pyserve.core.scheduler import CallLater, Dispatch, Reject, TimerHandle, answer_with_error
 from pyserve.core.sequence_slots import CorrelationId, Lane, Sequence, SequenceReader
 from pyserve.core.stats import OTHER
 from pyserve.errors import InferenceError, InvalidInputError, QueueFullError, WorkerDiedError
@@ -424,16 +424,8 @@ class SequenceScheduler:
     # answers and timers ----------------------------------------------------------------------------------------
 
     def _answer_with_error(self, request: InferenceRequest, error: InferenceError) -> None:
-        request.done = True
         self.entry.stats.record_failure(OTHER, self._clock() - request.arrival_ns)
-        response = InferenceResponse([], error)
-        if self.orderer is not None:
-            self.orderer.deliver(request, response)
-        else:
-            try:
-                request.on_response(request, response)
-            except Exception:
-                logger.exception("response callback of request %r failed", request.id)
+        answer_with_error(request, error, self.orderer)
 
     def _set_timer(self, due: int, now: int) -> None:
         if self._timer is not None:
