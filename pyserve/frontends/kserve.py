@@ -13,7 +13,6 @@ asks for it as binary data, rather than with altered bytes.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -27,6 +26,7 @@ from pyserve.dtypes import DATATYPES, itemsize, numpy_dtype, serialize_bytes
 from pyserve.errors import InvalidInputError, UnsupportedError
 from pyserve.frontends.common import check_shape, model_parameters
 from pyserve.frontends.shared_memory import input_from_region, slice_of, uses_shared_memory
+from pyserve.kserve_json import flatten, json_object, json_values
 
 
 def decode_request(
@@ -50,7 +50,7 @@ def decode_request(
                 f"Inference-Header-Content-Length {header_length} is larger than the request body ({len(view)} bytes)"
             )
         header_bytes, binary = view[:header_length], view[header_length:]
-    doc = _json_object(header_bytes, "request")
+    doc = json_object(header_bytes, "request")
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidInputError(f"request 'id' must be a string, got {type(request_id).__name__}")
@@ -164,7 +164,7 @@ def _from_json(name: str, datatype: str, shape: list[int], count: int, data: Any
     if not isinstance(data, list):
         data = [data]
     if datatype == "BYTES":
-        flat = _flatten(data)
+        flat = flatten(data)
         if len(flat) != count:
             raise InvalidInputError(f"input '{name}': shape {shape} has {count} elements but data has {len(flat)}")
         items = np.empty(count, dtype=object)
@@ -184,7 +184,7 @@ def _from_json(name: str, datatype: str, shape: list[int], count: int, data: Any
     kind = array.dtype.kind
     if count and target.kind in ("i", "u") and kind in ("f", "O"):
         # numpy reads integers past the int64 range (large UINT64 values) as float64: keep them exact.
-        exact = _exact_integers(name, datatype, _flatten(data), target, array.dtype)
+        exact = _exact_integers(name, datatype, flatten(data), target, array.dtype)
         return InputTensor(datatype, shape, exact.reshape(shape))
     if count:
         if datatype == "BOOL":
@@ -218,22 +218,6 @@ def _exact_integers(
     if min(flat) < info.min or max(flat) > info.max:
         raise InvalidInputError(f"input '{name}': a value is out of range for {datatype}")
     return np.array(flat, dtype=target)
-
-
-def _flatten(data: list[Any]) -> list[Any]:
-    if not any(isinstance(item, list) for item in data):
-        return data
-    out: list[Any] = []
-    stack = [iter(data)]
-    while stack:
-        for item in stack[-1]:
-            if isinstance(item, list):
-                stack.append(iter(item))
-                break
-            out.append(item)
-        else:
-            stack.pop()
-    return out
 
 
 def _decode_raw(body: memoryview, entry: ModelEntry) -> InferCall:
@@ -290,7 +274,7 @@ def encode_response(
                 entry_doc["parameters"] = {"binary_data_size": output.buffer.nbytes}
                 parts.append(output.buffer)
             else:
-                entry_doc["data"] = _json_data(output)
+                entry_doc["data"] = json_values(output.name, output.datatype, output.to_numpy())
         # else: written into the client's region (shared_memory.write_outputs), described by name, datatype and shape
         # only. No parameters: Triton's C++ client (perf_analyzer) reads an output's parameters as binary data and
         # fails on an object without binary_data_size.
@@ -304,72 +288,7 @@ def encode_response(
     return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY), parts
 
 
-def _json_data(output: OutputTensor, scalar: bool = False) -> Any:
-    """An output's elements for a JSON document: a flat list (a lone element itself with ``scalar``)."""
-    array = output.to_numpy().reshape(-1)
-    if output.datatype == "BYTES":
-        values = _json_strings(output.name, array)
-    else:
-        if output.datatype == "BF16":
-            array = array.astype(np.float32)
-        values = array.tolist()
-        if array.dtype.kind == "f" and not np.isfinite(array).all():
-            # orjson writes null for NaN and infinities: Python's json writes the tokens Triton writes.
-            return orjson.Fragment(
-                json.dumps(values[0] if scalar and len(values) == 1 else values, separators=(",", ":"))
-            )
-    return values[0] if scalar and len(values) == 1 else values
-
-
-def _json_strings(name: str, array: np.ndarray) -> list[str]:
-    strings: list[str] = []
-    for index, item in enumerate(array):
-        try:
-            strings.append(item.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise InvalidInputError(
-                f"output '{name}': BYTES element {index} is not valid UTF-8, which JSON cannot carry; request the "
-                'output as binary data (its parameter "binary_data": true, or the request parameter '
-                '"binary_data_output": true)'
-            ) from None
-    return strings
-
-
 # generate extension ------------------------------------------------------------------------------------------
-
-
-def _json_object(data: bytes | bytearray | memoryview, what: str) -> dict[str, Any]:
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        doc = _json_with_non_finite(data, f"failed to parse the {what} JSON: {exc}")
-    if not isinstance(doc, dict):
-        raise InvalidInputError(f"the {what} JSON must be an object")
-    return doc
-
-
-def _json_with_non_finite(data: bytes | bytearray | memoryview, refusal: str) -> Any:
-    """JSON holding the numbers NaN, Infinity or -Infinity, which Triton reads (and Python's json writes) and orjson
-    refuses; any other document orjson refused stays refused with its reason (``refusal``)."""
-    raw = bytes(data)
-    if b"NaN" not in raw and b"Infinity" not in raw:
-        raise InvalidInputError(refusal)
-    try:
-        doc = json.loads(raw, parse_int=_int_as_orjson_reads_it)
-    except (ValueError, RecursionError):
-        raise InvalidInputError(refusal) from None
-    try:
-        # Strings orjson refuses (lone surrogates) and nesting past its depth stay refused.
-        orjson.dumps(doc)
-    except orjson.JSONEncodeError as exc:
-        raise InvalidInputError(f"{refusal.partition(': ')[0]}: {exc}") from None
-    return doc
-
-
-def _int_as_orjson_reads_it(text: str) -> int | float:
-    """An integer within 64 bits; a float past them (as orjson reads it)."""
-    value = int(text)
-    return value if -(1 << 63) <= value < 1 << 64 else float(value)
 
 
 def decode_generate_request(body: bytes | bytearray | memoryview, entry: ModelEntry) -> InferCall:
@@ -378,7 +297,7 @@ def decode_generate_request(body: bytes | bytearray | memoryview, entry: ModelEn
     A key naming a model input becomes that input (a scalar or a flat list, its shape filled in from the model's
     declared shape); any other key, and every key of a nested ``parameters`` object, is a request parameter.
     """
-    doc = _json_object(body, "generate request")
+    doc = json_object(body, "generate request")
     inputs: dict[str, InputTensor] = {}
     parameters: dict[str, Any] = {}
 
@@ -441,5 +360,5 @@ def encode_generate_response(
     if parameters:
         doc.update(parameters)
     for output in outputs:
-        doc[output.name] = _json_data(output, scalar=True)
+        doc[output.name] = json_values(output.name, output.datatype, output.to_numpy(), scalar=True)
     return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)

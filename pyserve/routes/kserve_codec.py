@@ -9,7 +9,6 @@ the model's declared tensors are checked by the core when the call reaches it, w
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from typing import Any
 
@@ -19,6 +18,7 @@ import orjson
 from pyserve.client.model import array_from_bytes, tensor_bytes
 from pyserve.dtypes import DATATYPES, as_bytes_array, datatype_of, numpy_dtype
 from pyserve.errors import ConfigError, InvalidInputError, UnsupportedError
+from pyserve.kserve_json import flatten, json_object, json_values
 
 # Request parameters that steer the protocol, not the model.
 _PROTOCOL_PARAMETERS = frozenset({"binary_data_output"})
@@ -48,7 +48,7 @@ def decode_request(body: bytes, header_length: int | None) -> DecodedRequest:
                 f"Inference-Header-Content-Length must be in 1..{len(view)} (the body's size), got {header_length}"
             )
         header, binary = view[:header_length], view[header_length:]
-    doc = _json_object(header)
+    doc = json_object(header, "request")
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidInputError(f"request 'id' must be a string, got {type(request_id).__name__}")
@@ -103,7 +103,7 @@ def encode_response(
             entry["parameters"] = {"binary_data_size": memoryview(data).nbytes}
             parts.append(data)
         else:
-            entry["data"] = _json_data(name, datatype, array)
+            entry["data"] = json_values(name, datatype, array, compact=False)
         described.append(entry)
     doc: dict[str, Any] = {"model_name": model}
     if version:
@@ -164,7 +164,7 @@ def _from_binary(name: str, datatype: str, shape: list[int], data: memoryview) -
 
 def _from_json(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarray:
     count = math.prod(shape)
-    flat = _flatten(data if isinstance(data, list) else [data])
+    flat = flatten(data if isinstance(data, list) else [data])
     if len(flat) != count:
         raise InvalidInputError(f"input '{name}': shape {shape} has {count} elements but data has {len(flat)}")
     if datatype == "BYTES":
@@ -187,58 +187,10 @@ def _from_json(name: str, datatype: str, shape: list[int], data: Any) -> np.ndar
     return np.array(flat, dtype=target).reshape(shape)
 
 
-def _flatten(data: list[Any]) -> list[Any]:
-    if not any(isinstance(item, list) for item in data):
-        return data
-    out: list[Any] = []
-    stack = [iter(data)]
-    while stack:
-        for item in stack[-1]:
-            if isinstance(item, list):
-                stack.append(iter(item))
-                break
-            out.append(item)
-        else:
-            stack.pop()
-    return out
-
-
 # outputs ----------------------------------------------------------------------------------------------------------
 
 
-def _json_data(name: str, datatype: str, array: np.ndarray) -> Any:
-    flat = array.reshape(-1)
-    if datatype == "BYTES":
-        try:
-            return [bytes(item).decode() if not isinstance(item, str) else item for item in flat]
-        except UnicodeDecodeError:
-            raise InvalidInputError(
-                f"output '{name}': BYTES that are not UTF-8 cannot go as JSON; request it as binary data "
-                '(its parameter "binary_data": true)'
-            ) from None
-    if datatype == "BF16":
-        flat = flat.astype(np.float32)
-    values = flat.tolist()
-    if flat.dtype.kind == "f" and not np.isfinite(flat).all():
-        # orjson writes null for NaN and infinities; Triton (and Python's json) write the tokens.
-        return orjson.Fragment(json.dumps(values))
-    return values
-
-
 # helpers -----------------------------------------------------------------------------------------------------------
-
-
-def _json_object(data: memoryview) -> dict[str, Any]:
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        try:
-            doc = json.loads(bytes(data))  # NaN / Infinity tokens, which Triton reads and orjson refuses
-        except ValueError as exc:
-            raise InvalidInputError(f"failed to parse the request JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidInputError("the request JSON must be an object")
-    return doc
 
 
 def _parameters(value: Any, where: str) -> dict[str, Any]:
