@@ -352,9 +352,9 @@ class CoreServer:
 
     def _send(self, identity: bytes, header: Header, frames: list[Any] | None = None, spin: bool = True) -> None:
         assert self._loop is not None
-        if is_remote(identity):
-            if self._remote is not None:
-                self._remote.send(identity, [pack_header(header), *(frames or ())])
+        # Without a remote port (the usual case) no identity is remote: one attribute test on the hot path.
+        if self._remote is not None and is_remote(identity):
+            self._remote.send(identity, [pack_header(header), *(frames or ())])
             return
         if self._socket is None:
             return  # closed: the core is stopping
