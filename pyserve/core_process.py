@@ -27,7 +27,8 @@ import zmq
 from pyserve.config import ServeConfig
 from pyserve.core.supervisor import open_pidfd
 from pyserve.errors import ServerError
-from pyserve.transport.curve import TOKEN_ENV, secure_client
+from pyserve.server_config import CORE_CONFIG_ENV
+from pyserve.transport.curve import secure_client
 from pyserve.transport.messages import pack_header, unpack_header
 from pyserve.transport.protocol import ControlReply, Header, kind_of
 
@@ -115,14 +116,13 @@ class CoreProcess:
         else:
             router = f"tcp://{config.host}:*"
         read_fd, write_fd = os.pipe()
-        # The remote token goes by environment, not on the command line (which any local user can read).
-        env = {**os.environ, TOKEN_ENV: config.remote_token} if config.remote_token else None
+        # The settings go by environment, not on the command line, which any local user can read: they hold secrets
+        # (the remote token, the restricted APIs' header values).
+        env = {**os.environ, CORE_CONFIG_ENV: orjson.dumps(dataclasses.asdict(config)).decode()}
         command = [
             sys.executable,
             "-m",
             "pyserve.core",
-            "--config",
-            orjson.dumps({**dataclasses.asdict(config), "remote_token": ""}).decode(),
             "--router",
             router,
             "--shm-prefix",

@@ -30,6 +30,8 @@ TLS_ENDPOINTS = ("http", "grpc", "metrics", "routes")
 _RESTRICTION_FIELDS = ("http_restricted_api", "grpc_restricted_protocol")
 # A PYSERVE_<FIELD> list is comma-separated, except where an item holds commas itself.
 _ENV_SEPARATORS = dict.fromkeys(_RESTRICTION_FIELDS, ";")
+# Serve hands its core process the whole ServeConfig, as JSON, in this variable (not on argv: it holds secrets).
+CORE_CONFIG_ENV = "PYSERVE_CORE_CONFIG"
 # A header name is an HTTP token; its value what both HTTP and gRPC metadata carry (';' separates env entries).
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_VALUE = re.compile(r"[\x21-\x3a\x3c-\x7e](?:[\x20-\x3a\x3c-\x7e]*[\x21-\x3a\x3c-\x7e])?")

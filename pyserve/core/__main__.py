@@ -23,6 +23,7 @@ from pyserve.core.server import CoreServer
 from pyserve.core.supervisor import STOP_TIMEOUT_S
 from pyserve.errors import ServerError
 from pyserve.frontends.listeners import Listeners, start_listeners
+from pyserve.server_config import CORE_CONFIG_ENV
 from pyserve.telemetry.logging_setup import configure_logging
 from pyserve.transport.curve import TOKEN_ENV
 
@@ -34,7 +35,6 @@ _BUSY_GRACE_S = 0.5
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m pyserve.core")
-    parser.add_argument("--config", required=True, help="ServeConfig fields as JSON")
     parser.add_argument("--router", required=True, help="ZeroMQ address workers connect to")
     parser.add_argument("--shm-prefix", required=True, help="prefix of this session's shared-memory segments")
     parser.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
@@ -42,7 +42,10 @@ def main() -> None:
         "--ready-fd", type=int, default=None, help='write the bound ports here once serving, or {"error": ...}'
     )
     args = parser.parse_args()
-    config = ServeConfig(**{**orjson.loads(args.config), "remote_token": os.environ.pop(TOKEN_ENV, "")})
+    # ServeConfig's fields as JSON, by environment (they hold secrets); gone from the environment process instances
+    # inherit, as is a remote token the user's environment held.
+    config = ServeConfig(**orjson.loads(os.environ.pop(CORE_CONFIG_ENV)))
+    os.environ.pop(TOKEN_ENV, None)
     configure_logging(config.log_level, config.log_format)
     try:
         _run(serve_core(config, args.router, args.shm_prefix, args.parent_pid, args.ready_fd))

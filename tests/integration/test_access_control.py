@@ -10,6 +10,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -182,6 +183,9 @@ def test_the_value_is_never_logged(capfd: pytest.CaptureFixture[str]) -> None:
     with identity_server(
         http_restricted_api=restriction, grpc_restricted_protocol=restriction, log_level="DEBUG"
     ) as serve:
+        assert serve._core is not None
+        # Nor on the core's command line, which any local user can read (/proc/<pid>/cmdline).
+        assert secret[:-1].encode() not in Path(f"/proc/{serve._core.pid}/cmdline").read_bytes()
         with triton_http.InferenceServerClient(f"127.0.0.1:{serve.http_port}") as client:
             for headers in ({}, {"admin-key": secret[:-1]}, {"admin-key": secret}):
                 with contextlib.suppress(InferenceServerException):
