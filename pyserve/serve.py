@@ -257,7 +257,7 @@ class Serve:
     @property
     def routes_url(self) -> str:
         """Base URL of the custom routes, e.g. ``http://127.0.0.1:8003`` ("" while none is served)."""
-        return f"http://{self.config.host}:{self._routes.port}" if self._routes.port else ""
+        return f"{self._scheme('routes')}://{self.config.host}:{self._routes.port}" if self._routes.port else ""
 
     def _local_calls(self) -> LocalCaller:
         if self._local is None or not self.is_running:
@@ -390,8 +390,8 @@ class Serve:
 
     @property
     def url(self) -> str:
-        """Base URL of the HTTP front end, e.g. ``http://127.0.0.1:8000``."""
-        return f"http://{self.config.host}:{self.http_port}"
+        """Base URL of the HTTP front end, e.g. ``http://127.0.0.1:8000`` (``https://`` when it serves TLS)."""
+        return f"{self._scheme('http')}://{self.config.host}:{self.http_port}"
 
     @property
     def grpc_address(self) -> str:
@@ -406,7 +406,10 @@ class Serve:
     @property
     def metrics_url(self) -> str:
         """URL of the Prometheus metrics page, e.g. ``http://127.0.0.1:8002/metrics``."""
-        return f"http://{self.config.host}:{self.metrics_port}/metrics"
+        return f"{self._scheme('metrics')}://{self.config.host}:{self.metrics_port}/metrics"
+
+    def _scheme(self, endpoint: str) -> str:
+        return "https" if self.config.uses_tls(endpoint) else "http"
 
     def _endpoints(self) -> str:
         config = self.config

@@ -190,13 +190,13 @@ def test_mutual_tls_wants_a_client_certificate(certs: Certificates) -> None:
 
 
 def test_the_metrics_page_is_plain_unless_listed(server: Serve, certs: Certificates) -> None:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as page:
+    assert server.metrics_url.startswith("http://")
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as page:
         assert page.status == 200
     with tls_server(certs, tls_endpoints=("http", "metrics")) as serve:
         trusting = ssl.create_default_context(cafile=certs.ca)
-        with urllib.request.urlopen(
-            f"https://127.0.0.1:{serve.metrics_port}/metrics", context=trusting, timeout=10
-        ) as page:
+        assert serve.metrics_url.startswith("https://")
+        with urllib.request.urlopen(serve.metrics_url, context=trusting, timeout=10) as page:
             assert b"nv_inference_request_success" in page.read()
         # gRPC left out: plain text there.
         with triton_grpc.InferenceServerClient(f"127.0.0.1:{serve.grpc_port}") as plain_grpc:
@@ -205,7 +205,8 @@ def test_the_metrics_page_is_plain_unless_listed(server: Serve, certs: Certifica
 
 def test_the_custom_routes_serve_tls_too(server: Serve, certs: Certificates) -> None:
     trusting = ssl.create_default_context(cafile=certs.ca)
-    with urllib.request.urlopen(f"https://127.0.0.1:{server.routes_port}/hello", context=trusting, timeout=10) as page:
+    assert server.routes_url.startswith("https://") and server.url.startswith("https://")
+    with urllib.request.urlopen(f"{server.routes_url}/hello", context=trusting, timeout=10) as page:
         assert page.read() == b'{"hello":"tls"}'
     with pytest.raises((urllib.error.URLError, ConnectionError)):
         urllib.request.urlopen(f"http://127.0.0.1:{server.routes_port}/hello", timeout=10)
