@@ -198,11 +198,15 @@ def test_kill_mid_bls_call_fails_the_caller_and_withdraws_its_call(server: Serve
     np.testing.assert_array_equal(answers[0], np.ones(2, np.float32))
 
 
+FAULT_LOOP_S = float(os.environ.get("PYSERVE_FAULT_LOOP_S", "120"))
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(FAULT_LOOP_S + 120)  # the loop, plus its wind-down: past the suite's per-test timeout
 def test_kill_loop_at_concurrency_64(server: Serve) -> None:
     """Minutes of concurrency 64 on a batching process model while its process is killed every few seconds:
     every answer is right, every failure names the death, the pool does not grow, the model always comes back."""
-    duration_s = float(os.environ.get("PYSERVE_FAULT_LOOP_S", "120"))
+    duration_s = FAULT_LOOP_S
     url = server.url.removeprefix("http://")
     session = server._session
     stop_at = time.monotonic() + duration_s

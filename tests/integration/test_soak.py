@@ -25,7 +25,9 @@ import tritonclient.http as triton_http
 from pyserve import DynamicBatcher, ModelConfig, Request, Serve, ServeConfig, Step, Tensor, batch
 from pyserve.transport.shm import SHM_DIR
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+SOAK_S = float(os.environ.get("PYSERVE_SOAK_S", "120"))
+# The run, plus start-up, warm-up and clean-up: the suite's per-test timeout would cut it short.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(SOAK_S + 300)]
 
 CLIENTS = 64
 STREAMERS = 4
@@ -69,7 +71,7 @@ def children(pid: int) -> list[int]:
 
 
 def test_soak_at_concurrency_64_keeps_answers_right_and_memory_flat() -> None:
-    duration_s = float(os.environ.get("PYSERVE_SOAK_S", "120"))
+    duration_s = SOAK_S
     warmup_s = max(30.0, duration_s / 5)
     batching = ModelConfig(max_batch_size=32, batcher=DynamicBatcher(max_queue_delay_microseconds=500))
     server = Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0))
