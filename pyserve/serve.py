@@ -51,6 +51,15 @@ class _BoundModel:
     loaded: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class Binding:
+    """A model bound to a ``Serve``: its spec and its callables, one per instance (the same one repeated when one
+    callable was bound)."""
+
+    spec: ModelSpec
+    functions: tuple[Callable[..., Any], ...]
+
+
 class Serve:
     """A pyserve server: ``with Serve() as s: s.bind(...); s.serve()`` (or ``s.run()`` to return at once)."""
 
@@ -114,6 +123,11 @@ class Serve:
             except BaseException:
                 self._models.pop(key, None)
                 raise
+
+    def bindings(self) -> list[Binding]:
+        """The models bound with ``bind`` / ``bind_model``, in the order they were bound (not ensembles, nor the
+        models of a repository)."""
+        return [Binding(bound.spec, tuple(bound.functions)) for bound in self._models.values()]
 
     def bind_model(
         self,

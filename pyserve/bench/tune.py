@@ -47,8 +47,7 @@ class ModelUnderTune:
     @classmethod
     def from_serve(cls, server: Serve, model: str | None) -> ModelUnderTune:
         """Model ``model`` of a ``Serve`` that has not started (the only one bound when None)."""
-        # Serve keeps its bound models to itself; tune is the one other place in pyserve that reads them.
-        bound = list(server._models.values())
+        bound = server.bindings()
         names = sorted({entry.spec.name for entry in bound})
         if not bound:
             raise ConfigError("the Serve has no model bound with bind(): nothing to tune")

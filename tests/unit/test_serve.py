@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyserve import Serve, ServeConfig, Tensor
+from pyserve import ModelConfig, Serve, ServeConfig, Tensor
 from pyserve.errors import ConfigError
 
 INPUTS = [Tensor("INPUT0", np.float32, (-1,))]
@@ -43,3 +43,15 @@ def test_bind_refuses_an_empty_list_of_callables(server: Serve) -> None:
 
 def test_bind_accepts_a_tuple_of_callables(server: Serve) -> None:
     server.bind("x", (identity, identity), INPUTS, OUTPUTS)
+
+
+def test_bindings_lists_the_bound_models_in_order(server: Serve) -> None:
+    def other(requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        return identity(requests)
+
+    server.bind("b", identity, INPUTS, OUTPUTS, config=ModelConfig(instances=2))
+    server.bind("a", [identity, other], INPUTS, OUTPUTS, model_version=3)
+    listed = server.bindings()
+    assert [(b.spec.name, b.spec.version, b.spec.config.instances) for b in listed] == [("b", 1, 2), ("a", 3, 2)]
+    assert listed[0].functions == (identity, identity)  # one per instance
+    assert listed[1].functions == (identity, other)
