@@ -61,6 +61,8 @@ _REPOSITORY_OPTIONS = (
     "repository_poll_secs",
     "load_model",
     "strict_model_config",
+    "exit_on_error",
+    "strict_readiness",
     "repository_hooks",
 )
 # Options that declare a function's model: argparse destination -> option.
@@ -179,6 +181,19 @@ def _add_repository_options(parser: argparse.ArgumentParser) -> None:
         type=_boolean,
         metavar="true|false",
         help="true: every model needs a complete config.pbtxt; false (default): completed from the model file",
+    )
+    group.add_argument(
+        "--exit-on-error",
+        type=_boolean,
+        metavar="true|false",
+        help="true (default): a repository model that fails to load at start fails the start; false: it is "
+        "UNAVAILABLE and the others serve",
+    )
+    group.add_argument(
+        "--strict-readiness",
+        type=_boolean,
+        metavar="true|false",
+        help="true (default): not ready while a repository model is UNAVAILABLE; false: ready regardless",
     )
     group.add_argument(
         "--repository-hook",

@@ -292,8 +292,12 @@ class Serve:
         for key, ensemble in list(self._ensembles.items()):
             if key not in self._loaded_ensembles:
                 self._load_ensemble(ensemble)
-        # The core answers once the models of its repository loaded at start are loaded (or failed) too.
-        self._core_process().request(Serving.build, self.config.model_load_timeout_s)
+        # The core answers once the models of its repository loaded at start are loaded (or failed) too; with
+        # exit_on_error, a failed one fails the start.
+        reply = self._core_process().request(Serving.build, self.config.model_load_timeout_s)
+        if reply.error is not None:
+            self.stop()
+            raise ServerError(reply.error)
         self._routes.ready()
         if not self._announced and (self._models or self._ensembles or self.config.model_repository):
             # Once per start, with models to call: the Quickstart starts the core (`with Serve()`) before it binds,

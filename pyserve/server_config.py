@@ -68,7 +68,11 @@ class ServeConfig:
     served beside the bound ones; ``model_control_mode`` is tritonserver's ``none`` (load all at start), ``explicit``
     (load the ``load_model`` names at start, ``*`` for all, the rest through the load/unload requests) or ``poll``
     (reload what changed every ``repository_poll_secs``); ``strict_model_config`` False completes a missing or partial
-    config.pbtxt from the model file; ``repository_hooks`` names load hooks as ``module:function``.
+    config.pbtxt from the model file; ``repository_hooks`` names load hooks as ``module:function``. As tritonserver's
+    flags of the same names: ``exit_on_error`` (True) fails the start when a model of the repository loaded at start
+    cannot be loaded (False: it is UNAVAILABLE with the reason and the others serve); ``strict_readiness`` (True)
+    keeps ``/v2/health/ready`` false while a repository model is UNAVAILABLE for any reason but an unload request
+    (False: ready once the server and its bound models are).
 
     Latency (docs/architecture.md): after sending a batch to an instance, the core polls for its reply for up to
     ``reply_spin_us`` microseconds before sleeping (only while batches are in flight: an idle server does not spin);
@@ -147,6 +151,8 @@ class ServeConfig:
     model_control_mode: str = "none"
     repository_poll_secs: float = 15.0
     load_model: tuple[str, ...] = ()
+    exit_on_error: bool = True
+    strict_readiness: bool = True
     strict_model_config: bool = False
     repository_hooks: tuple[str, ...] = ()
     restricted_api: str = dataclasses.field(default="", repr=False)

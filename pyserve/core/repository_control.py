@@ -37,6 +37,7 @@ from pyserve.transport.payload import build_payload
 logger = logging.getLogger(__name__)
 
 READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
+UNLOADED = "unloaded"  # the reason of a model an unload request made UNAVAILABLE (Triton's word)
 
 
 @dataclasses.dataclass(eq=False)
@@ -68,6 +69,7 @@ class RepositoryControl:
         self._hooks = _import_hooks(config.repository_hooks)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._started: asyncio.Future[None] | None = None
+        self._start_failures: list[str] = []  # the errors of the models that failed to load at start
         if self.path is not None and not self.path.is_dir():
             raise ServerError(f"model repository '{config.model_repository}' is not a directory")
 
@@ -86,6 +88,17 @@ class RepositoryControl:
         """Wait until the models loaded at start are loaded (or failed to load)."""
         if self._started is not None:
             await asyncio.shield(self._started)
+
+    def start_error(self) -> str | None:
+        """Why the start fails under ``exit_on_error``: the models loaded at start that could not be; else None."""
+        if not self._start_failures:
+            return None
+        failures = "; ".join(self._start_failures)
+        return f"not every model of the repository loaded at start (exit_on_error): {failures}"
+
+    def all_available(self) -> bool:
+        """No model of the repository is UNAVAILABLE, unless an unload request made it so (strict readiness)."""
+        return not any(state.state == UNAVAILABLE and state.reason != UNLOADED for state in self._states.values())
 
     def close(self) -> None:
         """Stop polling and loading; remove the files written for load requests."""
@@ -107,14 +120,16 @@ class RepositoryControl:
             if self.mode == "explicit":
                 wanted = list(self._config.load_model)
                 names = names if "*" in wanted else wanted
-            await self._load_all(names)
+            self._start_failures = await self._load_all(names)
         finally:
             self._started.set_result(None)
         if self.mode == "poll":
             self._spawn(self._poll())
 
-    async def _load_all(self, names: Sequence[str]) -> None:
-        """Load models, plain ones first: an ensemble is checked against the models it composes."""
+    async def _load_all(self, names: Sequence[str]) -> list[str]:
+        """Load models, plain ones first: an ensemble is checked against the models it composes. Returns
+        the error of each that failed."""
+        failures: list[str] = []
         ensembles = await asyncio.to_thread(self._ensembles_among, names)
         plain = [name for name in names if name not in ensembles]
         for group in (plain, ensembles):
@@ -122,6 +137,9 @@ class RepositoryControl:
             for name, result in zip(group, results, strict=True):
                 if isinstance(result, BaseException) and not isinstance(result, PyServeError):
                     logger.error("loading model '%s' failed unexpectedly", name, exc_info=result)
+                if isinstance(result, BaseException):
+                    failures.append(str(result) or f"failed to load '{name}': {type(result).__name__}")
+        return failures
 
     def _ensembles_among(self, names: Sequence[str]) -> list[str]:
         # From the configs alone: reading the models in full (hooks, checksums, auto-complete) is load()'s job.
@@ -196,7 +214,7 @@ class RepositoryControl:
         async with state.lock:
             if self._is_bound_elsewhere(name, state):
                 raise ModelLoadError(f"failed to load '{name}': a model of that name is bound with Serve.bind()")
-            previous = state.state
+            previous, previous_reason = state.state, state.reason
             state.state, state.reason = LOADING, ""
             try:
                 definition = await self._read(name, config, files)
@@ -204,6 +222,11 @@ class RepositoryControl:
                     await self._load_ensemble(definition)
                 else:
                     await self._load_versions(definition)
+            except ModelNotFoundError as exc:
+                # Not in the repository: no state to keep (nor to hold strict readiness back), as before the request.
+                state.state, state.reason = previous, previous_reason
+                logger.error("%s", exc)
+                raise ModelLoadError(str(exc)) from None  # 400, as tritonserver answers
             except PyServeError as exc:
                 state.state = READY if previous == READY and self._registry.versions(name) else UNAVAILABLE
                 state.reason = str(exc)
@@ -307,7 +330,7 @@ class RepositoryControl:
                 waits.append(finished)
                 self._workers.retire(entry, "it was unloaded", _setter(finished))
             await asyncio.gather(*waits)
-            state.state, state.reason = UNAVAILABLE, "unloaded"
+            state.state, state.reason = UNAVAILABLE, UNLOADED
             if state.temp_dir is not None:
                 shutil.rmtree(state.temp_dir, ignore_errors=True)
                 state.temp_dir = None

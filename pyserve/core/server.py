@@ -52,6 +52,7 @@ from pyserve.transport.protocol import (
     Header,
     MessageKind,
     OpenRemote,
+    Serving,
     Shutdown,
     kind_of,
 )
@@ -142,7 +143,7 @@ class CoreServer:
         self.api = CoreApi(
             submit=self.requests.submit,
             cancel=self.requests.cancel,
-            is_ready=self.workers.is_ready,
+            is_ready=self._is_ready,
             models=self.registry,
             tracing=self.tracing,
             logs=self.logs,
@@ -212,6 +213,11 @@ class CoreServer:
         # Serve loaded what it bound before start; the answer waits for the repository's models loaded at start.
         async def answer() -> None:
             await self.repository.started()
+            error = self.repository.start_error() if self.config.exit_on_error else None
+            if error is not None:  # exit_on_error: Serve fails its start with this and stops the core
+                logger.error("%s", error)
+                self._send(identity, ControlReply.build_error(Serving(header).request_id, error), None)
+                return
             self.workers.on_serving(identity, header)
 
         assert self._loop is not None
@@ -312,6 +318,11 @@ class CoreServer:
         while (left := self.in_flight()) and self._loop.time() < deadline:
             await asyncio.sleep(_DRAIN_POLL_S)
         return left
+
+    def _is_ready(self) -> bool:
+        """Server readiness: the instances' (``WorkerControl.is_ready``) and, with ``strict_readiness``, no
+        repository model unavailable (tritonserver's --strict-readiness)."""
+        return self.workers.is_ready() and (not self.config.strict_readiness or self.repository.all_available())
 
     def _is_stopping(self) -> bool:
         return self._stopping is not None and self._stopping.is_set()

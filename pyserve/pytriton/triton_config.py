@@ -183,9 +183,13 @@ _MAPPED = frozenset(
         "grpc_use_ssl", "grpc_use_ssl_mutual", "grpc_server_cert", "grpc_server_key", "grpc_root_cert",
         "allow_metrics", "metrics_port", "metrics_address",
         "metrics_config", "trace_config", "cache_config", "response_cache_byte_size",
+        "exit_on_error", "strict_readiness", "exit_timeout_secs",
     }
 )  # fmt: skip
-_SAME_NAME = ("model_control_mode", "repository_poll_secs", "strict_model_config", "log_format")
+_SAME_NAME = (
+    "model_control_mode", "repository_poll_secs", "strict_model_config", "log_format", "exit_on_error",
+    "strict_readiness",
+)  # fmt: skip
 _PORTS = {"http": "http_port", "grpc": "grpc_port", "metrics": "metrics_port"}
 
 
@@ -200,6 +204,8 @@ def to_serve_config(config: TritonConfig) -> ServeConfig:
         values["model_repository"] = os.fspath(config.model_repository)
     if config.load_model:
         values["load_model"] = tuple(config.load_model)
+    if config.exit_timeout_secs is not None:
+        values["exit_timeout_s"] = float(config.exit_timeout_secs)
     if config.disable_auto_complete_config:
         values["strict_model_config"] = True
     if config.log_verbose:

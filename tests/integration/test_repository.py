@@ -21,6 +21,7 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from pyserve import ModelConfig, Serve, ServeConfig
+from pyserve.errors import ServerError
 
 from .repository_models import (
     FREE_PORTS,
@@ -113,7 +114,8 @@ def mixed_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def repository_server(mixed_repository: Path) -> Iterator[Serve]:
-    with Serve(ServeConfig(**FREE_PORTS), model_repository=mixed_repository) as server:
+    # exit_on_error off: the broken models are UNAVAILABLE and the others serve.
+    with Serve(ServeConfig(**FREE_PORTS, exit_on_error=False), model_repository=mixed_repository) as server:
         yield server
 
 
@@ -178,6 +180,7 @@ def test_models_that_cannot_load_are_unavailable_with_the_reason(repository_serv
         with pytest.raises(InferenceServerException):
             http_infer(http, "corrupt", np.zeros((1, 4), np.float32))
         assert http.is_server_live()
+        assert not http.is_server_ready()  # strict readiness: some of the repository's models are unavailable
         request = urllib.request.Request(
             f"{repository_server.url}/v2/repository/index", data=b'{"ready": true}', method="POST"
         )
@@ -210,6 +213,7 @@ def test_explicit_mode_loads_unloads_and_reloads_on_request(tmp_path: Path) -> N
             np.testing.assert_allclose(http_infer(http, "plus", x), x + 1.0)
             grpc.unload_model("plus")
             assert not http.is_model_ready("plus")
+            assert http.is_server_ready()  # unloaded on request: strict readiness does not count it
             assert index_by_name(http)["plus"][0]["state"] == "UNAVAILABLE"
             assert index_by_name(http)["plus"][0]["reason"] == "unloaded"
             # A reload picks up the new file; the old copy served until the new one was ready.
@@ -233,13 +237,42 @@ def test_explicit_mode_loads_unloads_and_reloads_on_request(tmp_path: Path) -> N
             with pytest.raises(InferenceServerException) as info:
                 http.load_model("broken")
             assert "iterative_sequence" in str(info.value)
+            assert not http.is_server_ready()  # 'broken' is UNAVAILABLE: strict readiness
             with pytest.raises(InferenceServerException) as info:
                 grpc.load_model("not_there")
             assert "not_there" in str(info.value)
+            assert "not_there" not in index_by_name(http)  # not in the repository: no state kept
             assert http.is_model_ready("mlp")  # the failures left the others alone
+            http.unload_model("broken")
+            assert http.is_server_ready()
         finally:
             http.close()
             grpc.close()
+
+
+def test_a_model_that_fails_at_start_fails_the_start(tmp_path: Path) -> None:
+    """exit_on_error (tritonserver's default): the start fails naming the model and why; nothing is left running."""
+    add_python_model(tmp_path, "plus", offset=1.0)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: -3\n')
+    server = Serve(ServeConfig(**FREE_PORTS), model_repository=tmp_path)
+    with pytest.raises(ServerError, match=r"exit_on_error.*failed to load 'broken'.*no version directory") as info:
+        server.run()
+    assert "plus" not in str(info.value)
+    assert not server.is_running
+
+
+def test_without_strict_readiness_a_failed_model_leaves_the_server_ready(tmp_path: Path) -> None:
+    add_python_model(tmp_path, "plus", offset=1.0)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: -3\n')
+    config = ServeConfig(**FREE_PORTS, exit_on_error=False, strict_readiness=False)
+    with Serve(config, model_repository=tmp_path) as server:
+        http = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
+        try:
+            assert http.is_server_ready() and http.is_model_ready("plus") and not http.is_model_ready("broken")
+        finally:
+            http.close()
 
 
 def test_load_requests_are_refused_outside_explicit_mode(tmp_path: Path) -> None:

@@ -149,7 +149,6 @@ def test_fields_only_tritonserver_uses_are_ignored_with_one_warning(caplog: pyte
         backend_directory=pathlib.Path("/opt/tritonserver/backends"),
         cuda_memory_pool_byte_size=["0:1024"],
         http_thread_count=8,
-        exit_timeout_secs=5,
         cache_config=["redis,host=localhost"],
         trace_config=["mode=opentelemetry"],
     )
@@ -158,10 +157,16 @@ def test_fields_only_tritonserver_uses_are_ignored_with_one_warning(caplog: pyte
     warnings = [record.getMessage() for record in caplog.records]
     assert warnings == [
         "TritonConfig fields that only tritonserver uses are ignored by pyserve: backend_directory, "
-        "cuda_memory_pool_byte_size, exit_timeout_secs, http_thread_count",
+        "cuda_memory_pool_byte_size, http_thread_count",
         "TritonConfig settings pyserve has no use for are ignored: trace_config 'mode=opentelemetry', "
         "cache_config 'redis,host=localhost'",
     ]
+
+
+def test_exit_and_readiness_flags_map_onto_their_fields() -> None:
+    served = to_serve_config(TritonConfig(exit_on_error=False, strict_readiness=False, exit_timeout_secs=5))
+    assert (served.exit_on_error, served.strict_readiness, served.exit_timeout_s) == (False, False, 5.0)
+    assert (ServeConfig().exit_on_error, ServeConfig().strict_readiness) == (True, True)  # tritonserver's defaults
 
 
 def test_grpc_tls_serves_the_grpc_port_only() -> None:
