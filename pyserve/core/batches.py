@@ -204,6 +204,7 @@ class BatchesInFlight:
                     self._free_slots(pending.instance.identity, result.slots)
             return
         if final:
+            pending.instance.batches_done += 1
             if self._stage_times is not None:
                 self._stage_times.received(pending.requests, result.stage_times, now)
             for name in pending.slots:

@@ -199,6 +199,7 @@ class Instance:
     pid: int
     busy: bool = False
     batch_id: int = 0
+    batches_done: int = 0  # batches it answered: one that did work is no start-up crash loop (supervisor back-off)
     # Correlation IDs of sequences released on this instance, told with its next batch (pyserve.core.sequence_batcher).
     released_sequences: list[Any] = field(default_factory=list)
 

@@ -27,10 +27,11 @@ from pyserve.devices import VISIBLE_DEVICES, pinned_visible_devices
 logger = logging.getLogger(__name__)
 
 # The first restart comes quickly (an instance killed under load is back within ~1 s: the delay plus its start);
-# a process that keeps dying waits twice as long each time.
+# a process that keeps dying without answering a batch (a start-up crash loop) waits twice as long each time.
 BACKOFF_START_S = 0.1
 BACKOFF_MAX_S = 30.0
-# A process that lived this long is considered healthy again: its next restart starts from the first delay.
+# A process that lived this long, or answered a batch, is considered healthy: its next restart starts from the first
+# delay.
 HEALTHY_AFTER_S = 30.0
 STOP_TIMEOUT_S = 5.0
 # Where the system offers no pidfds, how often running processes are looked at.
@@ -243,8 +244,11 @@ class Supervisor:
                 self.spawn(worker)
         self._arm()
 
-    def schedule_restart(self, worker: WorkerProcess) -> float:
-        """Restart a worker after its backoff delay (which then doubles, up to BACKOFF_MAX_S)."""
+    def schedule_restart(self, worker: WorkerProcess, worked: bool = False) -> float:
+        """Restart a worker after its backoff delay (which then doubles, up to BACKOFF_MAX_S); ``worked``: it
+        answered batches before it died (no start-up crash loop), so the delay starts over."""
+        if worked:
+            worker.backoff_s = BACKOFF_START_S
         delay = worker.backoff_s
         worker.restart_at = time.monotonic() + delay
         worker.backoff_s = min(worker.backoff_s * 2, BACKOFF_MAX_S)

@@ -404,8 +404,10 @@ class WorkerControl:
 
     def _on_process_exit(self, worker: WorkerProcess, status: int) -> None:
         how = describe_exit(status)
+        worked = False
         for identity, (instance, _, _) in list(self._connected.items()):
             if instance.kind == "process" and instance.pid == worker.last_pid:
+                worked = worked or instance.batches_done > 0
                 self._remove_instance(
                     identity,
                     WorkerDiedError(
@@ -427,7 +429,7 @@ class WorkerControl:
         if self._is_stopping():
             return
         assert self._supervisor is not None
-        delay = self._supervisor.schedule_restart(worker)
+        delay = self._supervisor.schedule_restart(worker, worked)
         logger.error(
             "instance %d of model '%s' died (%s); restarting in %.1f s", worker.index, worker.model, how, delay
         )
