@@ -297,6 +297,7 @@ class Serve:
         reply = self._core_process().request(Serving.build, self.config.model_load_timeout_s)
         if reply.error is not None:
             self.stop()
+            self._stop_requested.clear()  # this start failed: no stop() from elsewhere to be quiet about (serve())
             raise ServerError(reply.error)
         self._routes.ready()
         if not self._announced and (self._models or self._ensembles or self.config.model_repository):

@@ -254,6 +254,28 @@ def test_a_missing_model_repository_is_one_line() -> None:
     assert "Traceback" not in cmd.output, cmd.output
 
 
+@pytest.mark.timeout(90)
+def test_a_model_that_fails_to_load_fails_the_start_unless_exit_on_error_is_off(tmp_path: Path) -> None:
+    add_python_model(tmp_path, "plus_one", offset=1.0)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.pbtxt").write_text('backend: "python"\n')
+    flags = ("--model-repository", str(tmp_path), *FREE_PORTS)
+    with RunningCommand(pyserve_command("serve", *flags), EXAMPLES) as cmd:
+        assert cmd.finish() == 1
+    assert "pyserve: error: not every model of the repository loaded at start" in cmd.output, cmd.output
+    assert "failed to load 'broken'" in cmd.output and "Traceback" not in cmd.output, cmd.output
+    off = ("--exit-on-error", "false", "--strict-readiness", "false")
+    with RunningCommand(pyserve_command("serve", *flags, *off), EXAMPLES) as command:
+        http_port, _, _ = run_until_serving(command)
+        client = triton_http.InferenceServerClient(f"127.0.0.1:{http_port}")
+        try:
+            assert client.is_server_ready() and client.is_model_ready("plus_one")
+        finally:
+            client.close()
+        command.terminate()
+        assert command.finish() == 0
+
+
 def test_header_forward_patterns_are_server_options() -> None:
     from pyserve.cli import _parser, _server_options
 
