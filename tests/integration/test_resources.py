@@ -171,6 +171,7 @@ def test_an_idle_server_sleeps(server: Serve) -> None:
     threads = pyserve_threads()
     assert len(threads) >= 2, "expected the thread instance and its cancel listener"
     time.sleep(1.0)  # settle after start-up
+
     # The core and worker processes are pyserve's alone; in this process only pyserve's threads are counted (pytest
     # and what earlier tests left behind share it).
     def spent() -> dict[str, float]:
