@@ -214,4 +214,5 @@ def test_two_actors_double_a_cpu_bound_model(local_ray: None) -> None:
         _throughput(serve.url, "one", 0.5)
         one = _throughput(serve.url, "one", 4)
         two = _throughput(serve.url, "two", 4)
+    print(f"one actor {one:.1f}/s, two actors {two:.1f}/s: {two / one:.2f}x")  # the figure docs/deploy.md records
     assert two / one > 1.6, f"one actor {one:.1f}/s, two actors {two:.1f}/s"
