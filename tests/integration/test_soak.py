@@ -1,6 +1,7 @@
 """Soak: concurrency 64 over mixed models — a batched thread model, process instances, an ensemble, a streaming
-model over gRPC, large tensors through shared memory — every answer checked, the RSS of every process (this one,
-the core, each process instance) sampled, and nothing left in /dev/shm at the end.
+model over gRPC, large tensors through shared memory — every answer checked, the RSS of every process of the server
+(this one, which runs Serve and the thread instances; the core; each process instance) sampled, and nothing left in
+/dev/shm at the end. The clients run in a process of their own (soak_clients.py): their memory is not the server's.
 
 Marked slow. ``bash scripts/test.sh -m slow tests/integration/test_soak.py`` runs it for ``PYSERVE_SOAK_S`` seconds
 (120 by default); the long run (docs/reliability.md) is ``PYSERVE_SOAK_S=1800``. Memory after warm-up (the first
@@ -9,18 +10,17 @@ fifth of the run, at least 30 s) may not grow by more than 5 % by the end (media
 
 from __future__ import annotations
 
+import json
 import os
-import queue
 import statistics
-import threading
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
 
 import numpy as np
 import pytest
-import tritonclient.grpc as triton_grpc
-import tritonclient.http as triton_http
 
 from pyserve import DynamicBatcher, ModelConfig, Request, Serve, ServeConfig, Step, Tensor, batch
 from pyserve.transport.shm import SHM_DIR
@@ -29,7 +29,8 @@ SOAK_S = float(os.environ.get("PYSERVE_SOAK_S", "120"))
 # The run, plus start-up, warm-up and clean-up: the suite's per-test timeout would cut it short.
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(SOAK_S + 300)]
 
-CLIENTS = 64
+CLIENTS = 64  # HTTP client threads, and gRPC stream threads, in a process of their own (soak_clients.py)
+CLIENTS_SCRIPT = Path(__file__).with_name("soak_clients.py")
 STREAMERS = 4
 SAMPLE_EVERY_S = 2.0
 X = [Tensor("INPUT0", np.float32, (-1,))]
@@ -94,94 +95,47 @@ def test_soak_at_concurrency_64_keeps_answers_right_and_memory_flat() -> None:
         max_batch_size=32,
     )
     server.bind("count_up", count_up, X, Y, config=ModelConfig(decoupled=True))
-    errors: list[str] = []
-    answered = {"unary": 0, "stream": 0}
-    lock = threading.Lock()
-    stop_at = time.monotonic() + duration_s
     samples: list[tuple[float, dict[int, int]]] = []
+    client_rss: list[int] = []
     with server:
         assert server._core is not None
         core_pid = server._core.pid
         started = time.monotonic()
-        url = server.url.removeprefix("http://")
-        expected = {
-            "plus_one": lambda x: x + 1,
-            "times_two_process": lambda x: x * 2,
-            "pipeline": lambda x: (x + 1) * 2,
-        }
-
-        def client(index: int) -> None:
-            rng = np.random.default_rng(index)
-            connection = triton_http.InferenceServerClient(url, network_timeout=60, connection_timeout=60)
-            try:
-                while time.monotonic() < stop_at:
-                    model = ("plus_one", "times_two_process", "pipeline")[int(rng.integers(0, 3))]
-                    # Mostly small tensors; some of 160 KiB, which travel through shared memory.
-                    size = int(rng.choice([4, 64, 1024, 40_000], p=[0.4, 0.3, 0.2, 0.1]))
-                    data = rng.standard_normal((1, size)).astype(np.float32)
-                    tensor = triton_http.InferInput("INPUT0", [1, size], "FP32")
-                    tensor.set_data_from_numpy(data, binary_data=size > 64 or bool(rng.integers(0, 2)))
-                    got = connection.infer(model, [tensor]).as_numpy("OUTPUT0")
-                    if not np.allclose(got, expected[model](data)):
-                        with lock:
-                            errors.append(f"client {index}: wrong answer from {model} for {size} floats")
-                        return
-                    with lock:
-                        answered["unary"] += 1
-            except Exception as exc:
-                with lock:
-                    errors.append(f"client {index}: {exc!r}")
-            finally:
-                connection.close()
-
-        def streamer(index: int) -> None:
-            events: queue.Queue[tuple[Any, Any]] = queue.Queue()
-            connection = triton_grpc.InferenceServerClient(server.grpc_address)
-            connection.start_stream(lambda result, error: events.put((result, error)))
-            try:
-                number = 0
-                while time.monotonic() < stop_at:
-                    number += 1
-                    tensor = triton_grpc.InferInput("INPUT0", [2], "FP32")
-                    tensor.set_data_from_numpy(np.full(2, number, np.float32))
-                    connection.async_stream_infer("count_up", [tensor], request_id=str(number))
-                    for step in range(3):
-                        result, error = events.get(timeout=30)
-                        if error is not None or result.as_numpy("OUTPUT0").tolist() != [number + step] * 2:
-                            with lock:
-                                errors.append(f"streamer {index}: {error or 'wrong answer'} at step {step}")
-                            return
-                    with lock:
-                        answered["stream"] += 1
-            except Exception as exc:
-                with lock:
-                    errors.append(f"streamer {index}: {exc!r}")
-            finally:
-                connection.stop_stream()
-                connection.close()
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
-        threads += [threading.Thread(target=streamer, args=(i,)) for i in range(STREAMERS)]
-        for thread in threads:
-            thread.start()
-        while time.monotonic() < stop_at and not errors:
-            time.sleep(SAMPLE_EVERY_S)
-            pids = [os.getpid(), core_pid, *children(core_pid)]
-            samples.append((time.monotonic() - started, {pid: rss_kib(pid) for pid in pids}))
-        for thread in threads:
-            thread.join(120)
+        command = [sys.executable, str(CLIENTS_SCRIPT), server.url.removeprefix("http://"), server.grpc_address]
+        command += [str(duration_s), str(CLIENTS), str(STREAMERS)]
+        clients = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        try:
+            while clients.poll() is None and time.monotonic() - started < duration_s:
+                time.sleep(SAMPLE_EVERY_S)
+                pids = [os.getpid(), core_pid, *children(core_pid)]
+                samples.append((time.monotonic() - started, {pid: rss_kib(pid) for pid in pids}))
+                client_rss.append(rss_kib(clients.pid))
+            output, _ = clients.communicate(timeout=180)
+        finally:
+            if clients.poll() is None:
+                clients.kill()
+                clients.wait()
         session = server._session
+    assert clients.returncode == 0, f"the clients' process exited with {clients.returncode}"
+    result = json.loads(output.strip().splitlines()[-1])
+    errors, answered = result["errors"], result
     assert errors == [], errors[:5]
     assert [name for name in os.listdir(SHM_DIR) if name.startswith(session)] == []
     after_warmup = [rss for at, rss in samples if at >= warmup_s]
     assert len(after_warmup) >= 6, "the run is too short to compare memory"
     first, last = after_warmup[: len(after_warmup) // 4 or 1], after_warmup[-(len(after_warmup) // 4 or 1) :]
     report = []
+    names = {os.getpid(): "Serve's process (with the thread instances)", core_pid: "core"}
     for pid in after_warmup[0]:
         start = statistics.median(sample.get(pid, 0) for sample in first)
         end = statistics.median(sample.get(pid, 0) for sample in last)
-        report.append(f"pid {pid}: {start / 1024:.1f} -> {end / 1024:.1f} MiB")
-        assert end <= start * 1.05, f"RSS of pid {pid} grew by more than 5 % after warm-up: " + "; ".join(report)
+        name = names.get(pid, f"process instance {pid}")
+        report.append(f"{name}: {start / 1024:.1f} -> {end / 1024:.1f} MiB ({(end / start - 1) * 100:+.1f} %)")
+        assert end <= start * 1.05, f"RSS of the {name} grew by more than 5 % after warm-up: " + "; ".join(report)
+    clients_at = [rss for (at, _), rss in zip(samples, client_rss, strict=True) if at >= warmup_s and rss]
+    quarter = len(clients_at) // 4 or 1
+    start, end = statistics.median(clients_at[:quarter]), statistics.median(clients_at[-quarter:])
+    report.append(f"the clients' process (not asserted): {start / 1024:.1f} -> {end / 1024:.1f} MiB")
     print(  # the figures docs/reliability.md records (pytest -s shows them)
         f"soak {duration_s:.0f} s: {answered['unary']} unary and {answered['stream']} streamed requests, 0 errors; "
         + "; ".join(report)
