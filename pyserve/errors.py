@@ -29,6 +29,7 @@ PyServeError
 from __future__ import annotations
 
 import os
+import ssl
 
 
 class PyServeError(Exception):
@@ -159,7 +160,10 @@ class ServerUnreachableError(ClientError, ConnectionError):
     """The client could not reach the server at ``address`` (connection refused or reset, unknown host)."""
 
     def __init__(self, address: str, reason: str | OSError) -> None:
-        if isinstance(reason, OSError):
+        if isinstance(reason, ssl.SSLError):
+            # "TLS: [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: ..." (its errno says nothing).
+            reason = f"TLS: {reason.strerror or reason}"
+        elif isinstance(reason, OSError):
             # "Connection refused", not asyncio's "[Errno 111] Connect call failed ('127.0.0.1', 8000)".
             reason = os.strerror(reason.errno) if reason.errno else str(reason)
         super().__init__(f"cannot reach the server at {address}: {reason}")

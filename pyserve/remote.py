@@ -29,6 +29,7 @@ import orjson
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from pyserve.client.tls import ClientTls
 from pyserve.config import ModelConfig, ModelSpec, ServeConfig, Tensor, WorkerKind
 from pyserve.core_process import ControlChannel
 from pyserve.errors import ConfigError, ModelAlreadyBoundError, ServerError
@@ -64,13 +65,21 @@ class RemoteServe:
     """Models of this process attached to a running pyserve server: ``with RemoteServe(url, token=t) as r:
     r.bind(...); r.serve()``.
 
-    ``token`` defaults to ``PYSERVE_REMOTE_TOKEN``. ``config`` supplies the instances' settings
-    (``debug_errors``, ``startup_timeout_s``, ``model_load_timeout_s``); its addresses are not used. Models run as
-    thread instances of this process (``ModelConfig.instances`` threads, or one per callable in a list).
+    ``token`` defaults to ``PYSERVE_REMOTE_TOKEN``; ``tls`` says whom to trust when ``url`` is an ``https://`` one
+    (the remote port itself is encrypted and authenticated with the token, whatever the HTTP port serves).
+    ``config`` supplies the instances' settings (``debug_errors``, ``startup_timeout_s``, ``model_load_timeout_s``);
+    its addresses are not used. Models run as thread instances of this process (``ModelConfig.instances`` threads,
+    or one per callable in a list).
     """
 
     def __init__(
-        self, url: str, *, token: str | None = None, config: ServeConfig | None = None, timeout_s: float = 30.0
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        config: ServeConfig | None = None,
+        timeout_s: float = 30.0,
+        tls: ClientTls | None = None,
     ) -> None:
         token = token if token is not None else os.environ.get(TOKEN_ENV, "")
         if not token:
@@ -79,6 +88,7 @@ class RemoteServe:
         self.url = url
         self.config = config if config is not None else ServeConfig()
         self.timeout_s = timeout_s
+        self.tls = tls
         self._token = token
         self._models: dict[tuple[str, int], _RemoteModel] = {}
         self._control: ControlChannel | None = None
@@ -199,7 +209,7 @@ class RemoteServe:
     # internals ------------------------------------------------------------------------------------------------
 
     def _attach(self) -> None:
-        address = resolve_remote_address(self.url, self.timeout_s)
+        address = resolve_remote_address(self.url, self.timeout_s, self.tls)
         control = ControlChannel(address, f"the server at {address}", self._token, f"{self._session}/control".encode())
         self._control = control
         self.address = address
@@ -251,8 +261,9 @@ class RemoteServe:
         model.loaded = True
 
 
-def resolve_remote_address(url: str, timeout_s: float) -> str:
-    """The ``tcp://`` address of a server's remote port: ``url`` itself, or what its HTTP front end names."""
+def resolve_remote_address(url: str, timeout_s: float, tls: ClientTls | None = None) -> str:
+    """The ``tcp://`` address of a server's remote port: ``url`` itself, or what its HTTP front end names (an
+    ``https://`` one trusting ``tls``'s authorities, else the system's)."""
     if url.startswith("tcp://"):
         return url
     parsed = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
@@ -260,7 +271,8 @@ def resolve_remote_address(url: str, timeout_s: float) -> str:
     netloc = parsed.netloc if parsed.port is not None else f"{parsed.netloc}:8000"
     base = f"{parsed.scheme}://{netloc}"
     try:
-        with urllib.request.urlopen(base.rstrip("/") + REMOTE_PATH, timeout=timeout_s) as response:
+        context = tls.ssl_context() if tls is not None else None
+        with urllib.request.urlopen(base.rstrip("/") + REMOTE_PATH, timeout=timeout_s, context=context) as response:
             address: str = orjson.loads(response.read())["address"]
     except urllib.error.HTTPError as exc:
         if exc.code == 404:

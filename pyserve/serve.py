@@ -418,6 +418,11 @@ class Serve:
         return f"{self.config.host}:{self.grpc_port}"
 
     @property
+    def grpc_url(self) -> str:
+        """The gRPC front end as pyserve's clients take it: ``grpc://127.0.0.1:8001`` (``grpcs://`` with TLS)."""
+        return f"grpc{'s' if self.config.uses_tls('grpc') else ''}://{self.grpc_address}"
+
+    @property
     def remote_address(self) -> str:
         """Where ``RemoteServe`` attaches (``tcp://host:port``) when ``ServeConfig.remote_port`` is set; else ""."""
         return self._core.remote_address if self._core is not None else ""

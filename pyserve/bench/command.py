@@ -24,6 +24,7 @@ from pyserve.bench.settings import (
     parse_rates,
     parse_shape,
 )
+from pyserve.client.tls import ClientTls
 
 if TYPE_CHECKING:
     from pyserve.serve import Serve
@@ -111,6 +112,12 @@ def _add_request_options(parser: argparse.ArgumentParser, batch_size: bool) -> N
         metavar="NAME:VALUE",
         help="an HTTP header (gRPC metadata) sent with every request",
     )
+    tls = parser.add_argument_group("TLS (for an https:// or grpcs:// server)")
+    tls.add_argument(
+        "--tls-ca-file", metavar="PEM", help="the certificate authorities to trust (default: the system's)"
+    )
+    tls.add_argument("--tls-client-cert", metavar="PEM", help="mutual TLS: the client's certificate (chain)")
+    tls.add_argument("--tls-client-key", metavar="PEM", help="the private key of --tls-client-cert")
 
 
 def _add_measurement_options(parser: argparse.ArgumentParser, window: str, warmup: str, duration: str) -> None:
@@ -215,7 +222,14 @@ def _bench_settings(
         max_in_flight=getattr(args, "max_in_flight", 1024),
         request_timeout_s=args.timeout,
         headers=dict(args.header),
+        tls=_client_tls(args),
     )
+
+
+def _client_tls(args: argparse.Namespace) -> ClientTls | None:
+    """The ``--tls-*`` options (None when none is given: an https:// URL then trusts the system's authorities)."""
+    files = (args.tls_ca_file, args.tls_client_cert, args.tls_client_key)
+    return None if files == (None, None, None) else ClientTls(*files)
 
 
 def _progress(args: argparse.Namespace) -> Progress:

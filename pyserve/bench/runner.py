@@ -19,7 +19,7 @@ from pyserve.bench.server_stats import ServerCounters
 from pyserve.bench.settings import BenchSettings, LoadLevel
 from pyserve.bench.windows import STABLE_WINDOWS, Merged, Window, is_stable, merge, window_of
 from pyserve.bench.worker import Target
-from pyserve.client.model import InferRequest, RemoteModelConfig, wire_datatype
+from pyserve.client.model import InferRequest, RemoteModelConfig, parse_url, wire_datatype
 
 # Above this share of a core, a client process may be what limits the load.
 BUSY_CLIENT = 0.85
@@ -114,7 +114,7 @@ class BenchReport:
     @property
     def protocol(self) -> str:
         """``http`` or ``grpc``."""
-        return self.settings.url.split("://", 1)[0].lower() if "://" in self.settings.url else "http"
+        return parse_url(self.settings.url, self.settings.tls).scheme
 
     def to_json(self) -> dict[str, Any]:
         """The report as JSON: settings, model, and one entry per step."""
@@ -141,7 +141,7 @@ class BenchReport:
 def run_bench(settings: BenchSettings, progress: Progress | None = None) -> BenchReport:
     """Measure every load level of ``settings`` in turn."""
     progress = progress or Progress()
-    with ServerCalls(settings.url, settings.model, settings.model_version, settings.headers) as calls:
+    with ServerCalls(settings.url, settings.model, settings.model_version, settings.headers, settings.tls) as calls:
         config = calls.describe()
         requests = request_inputs(config, settings)
         rows = settings.batch_size if config.batching else 1
@@ -160,6 +160,7 @@ def target_of(settings: BenchSettings, requests: list[dict[str, Any]]) -> Target
     """What the client processes send: ``requests`` for ``settings``'s server and model."""
     return Target(
         url=settings.url,
+        tls=settings.tls,
         requests=[InferRequest(settings.model, settings.model_version, inputs) for inputs in requests],
         headers=dict(settings.headers),
         request_timeout_s=settings.request_timeout_s,

@@ -113,7 +113,14 @@ class HttpSender:
 
     async def _connect(self) -> _HttpConnection:
         loop = asyncio.get_running_loop()
-        opening = loop.create_connection(_HttpConnection, self._address.host, self._address.port)
+        tls = self._address.tls
+        opening = loop.create_connection(
+            _HttpConnection,
+            self._address.host,
+            self._address.port,
+            ssl=tls.ssl_context() if tls is not None else None,
+            server_hostname=self._address.host if tls is not None else None,
+        )
         try:
             _, connection = await asyncio.wait_for(opening, self._timeout_s)
         except asyncio.TimeoutError:

@@ -18,6 +18,7 @@ from pyserve.client.calls import Call, GrpcCall, HttpCall, Transport
 from pyserve.client.grpc_codec import SERVICE, GrpcCodec
 from pyserve.client.http_codec import HttpCodec, error_of, model_path
 from pyserve.client.model import RemoteModelConfig, ServerAddress, parse_url
+from pyserve.client.tls import ClientTls
 from pyserve.client.transports import GrpcTransport, HttpTransport
 from pyserve.config import Tensor
 from pyserve.errors import ClientError, ConfigError, InferenceError
@@ -29,8 +30,15 @@ CALL_TIMEOUT_S = 10.0
 class ServerCalls:
     """Blocking calls to one server about one model; ``close()`` (or ``with``) closes the connection."""
 
-    def __init__(self, url: str, model: str, version: str | None = None, headers: Mapping[str, str] | None = None):
-        self.address: ServerAddress = parse_url(url)
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        version: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        tls: ClientTls | None = None,
+    ):
+        self.address: ServerAddress = parse_url(url, tls)
         self.model = model
         self.version = version
         self._headers = dict(headers or {})

@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
+from pyserve.client.tls import ClientTls
 from pyserve.errors import ConfigError
 
 DISTRIBUTIONS = ("constant", "poisson")
@@ -71,7 +72,8 @@ class BenchSettings:
     Each step warms up for ``warmup_s``, then measures windows of ``window_s`` until the last three agree within
     ``stability`` (a fraction: 0.1 is perf_analyzer's 10 %) on throughput and mean latency, or ``duration_s`` of
     windows have passed; the result merges the last three windows. ``processes`` client processes share the load
-    (None: as many as the load needs, at most half the CPUs).
+    (None: as many as the load needs, at most half the CPUs). ``tls``: whom to trust (and the client's certificate)
+    for an ``https://`` or ``grpcs://`` server (None: the system's authorities).
     """
 
     model: str
@@ -92,6 +94,7 @@ class BenchSettings:
     request_timeout_s: float = 60.0
     headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
     seed: int = 0
+    tls: ClientTls | None = None
 
     def __post_init__(self) -> None:
         if not self.levels:

@@ -23,6 +23,7 @@ from pyserve.bench.runner import measure_step, target_of
 from pyserve.bench.search import Evaluation, LoadPoint, SearchSpace, choose_winner, quick_search, sweep
 from pyserve.bench.server_calls import ServerCalls
 from pyserve.bench.settings import CONCURRENCY_PER_PROCESS, BenchSettings, LoadLevel
+from pyserve.client.tls import ClientTls
 from pyserve.config import ModelConfig, ServeConfig, Tensor, WorkerKind
 from pyserve.devices import visible_gpu_count
 from pyserve.errors import ConfigError, PyServeError
@@ -248,9 +249,10 @@ class _Evaluator:
         settings = self._settings
         server = self._model.serve(config)
         try:
-            url = server.url if settings.protocol == "http" else f"grpc://{server.grpc_address}"
-            bench = dataclasses.replace(settings.bench, url=url, model=self._model.name, model_version=None)
-            with ServerCalls(url, self._model.name) as calls:
+            url = server.url if settings.protocol == "http" else server.grpc_url
+            tls = (settings.bench.tls or ClientTls()) if url.startswith(("https:", "grpcs:")) else None
+            bench = dataclasses.replace(settings.bench, url=url, model=self._model.name, model_version=None, tls=tls)
+            with ServerCalls(url, self._model.name, tls=tls) as calls:
                 if self._requests is None:
                     self._requests = request_inputs(calls.describe(), bench)
                 self._generator.target(target_of(bench, self._requests))

@@ -25,6 +25,7 @@ from typing import Any
 from pyserve.bench.senders import UNREACHABLE, Sender, make_sender
 from pyserve.bench.settings import LoadLevel
 from pyserve.client.model import InferRequest, parse_url
+from pyserve.client.tls import ClientTls
 
 # A request sent this much after its scheduled time counts as late (open loop); one that waited for a free slot
 # (max_in_flight reached: the server fell behind) counts as held instead.
@@ -40,6 +41,7 @@ class Target:
     """Where requests go and what they carry (sent to every process once per server)."""
 
     url: str
+    tls: ClientTls | None
     requests: Sequence[InferRequest]
     headers: Mapping[str, str]
     request_timeout_s: float
@@ -143,7 +145,7 @@ class _Worker:
                     await self._stop_load()
                     await self._close_sender()
                     self._target = command
-                    address = parse_url(command.url)
+                    address = parse_url(command.url, command.tls)
                     self._sender = make_sender(address, command.requests, command.headers, command.request_timeout_s)
                     self._connection.send(Ready())
                 elif isinstance(command, Load):

@@ -24,7 +24,7 @@ from pyserve.client.calls import (
     T,
     timeout_message,
 )
-from pyserve.client.grpc_codec import CHANNEL_OPTIONS, RECONNECT_GRACE_S, answer_or_raise, rpc_error
+from pyserve.client.grpc_codec import RECONNECT_GRACE_S, answer_or_raise, grpc_channel, rpc_error
 from pyserve.client.http_codec import EventReader
 from pyserve.client.model import ServerAddress
 from pyserve.errors import ClientClosedError, ClientTimeoutError, ServerUnreachableError
@@ -108,13 +108,16 @@ class AsyncHttpTransport:
             raise ClientClosedError(f"the client of {self.address} is closed")
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                connector=aiohttp.TCPConnector(
+                    limit=self._max_connections,
+                    ssl=self.address.tls.ssl_context() if self.address.tls is not None else False,
+                ),
                 skip_auto_headers=("Accept-Encoding",),
             )
         return self._session
 
     def _url(self, path: str) -> str:
-        return f"http://{self.address.authority}{path}"
+        return f"{self.address}{path}"
 
     async def _open_stream(self, call: HttpStreamCall[Any], timeout_s: float) -> aiohttp.ClientResponse:
         connect_s = min(self._connect_timeout_s, timeout_s)
@@ -225,7 +228,7 @@ class AsyncGrpcTransport:
         method = self._methods.get(name)
         if method is None:
             if self._channel is None:
-                self._channel = grpc.aio.insecure_channel(self.address.authority, options=CHANNEL_OPTIONS)
+                self._channel = grpc_channel(self.address, aio=True)
             method = self._channel.stream_stream(name) if stream else self._channel.unary_unary(name)
             self._methods[name] = method
         return method

@@ -31,6 +31,7 @@ from pyserve.client.model import (
     sample_outputs,
 )
 from pyserve.client.shared_memory import RegionPlan, RegionPool, SharedMemoryOption, check_option, plan_request
+from pyserve.client.tls import ClientTls
 from pyserve.errors import (
     ClientError,
     ClientTimeoutError,
@@ -125,8 +126,9 @@ class ClientBase:
         max_connections: int | None = None,
         headers: Headers | None = None,
         shared_memory: SharedMemoryOption = False,
+        tls: ClientTls | None = None,
     ) -> None:
-        self._address = parse_url(url)
+        self._address = parse_url(url, tls)
         self._model_name = model_name
         self._model_version = None if model_version is None else str(model_version)
         self._lazy_init = lazy_init
@@ -153,7 +155,7 @@ class ClientBase:
 
     @property
     def url(self) -> str:
-        """The server's URL, with its scheme (``http://...`` or ``grpc://...``)."""
+        """The server's URL, with its scheme (``http://``, ``https://``, ``grpc://`` or ``grpcs://``)."""
         return str(self._address)
 
     @property

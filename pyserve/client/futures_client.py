@@ -11,6 +11,7 @@ from pyserve.client.calls import Outputs
 from pyserve.client.model import Headers, Parameters, RemoteModelConfig
 from pyserve.client.model_client import ModelClient
 from pyserve.client.shared_memory import SharedMemoryOption
+from pyserve.client.tls import ClientTls
 from pyserve.errors import ClientClosedError, ConfigError, QueueFullError
 
 R = TypeVar("R")
@@ -24,7 +25,7 @@ class FuturesModelClient:
     At most ``max_queue_size`` calls wait for a free thread: a further call blocks until one is taken, or, with
     ``non_blocking=True``, raises QueueFullError. The threads share one ``ModelClient`` (one connection per thread
     over HTTP, one channel over gRPC, and its shared-memory regions); ``close()`` waits for the calls already made,
-    unless ``wait=False``. ``headers`` and ``shared_memory`` as for ``ModelClient``.
+    unless ``wait=False``. ``headers``, ``shared_memory`` and ``tls`` as for ``ModelClient``.
     """
 
     def __init__(
@@ -41,6 +42,7 @@ class FuturesModelClient:
         connect_timeout_s: float | None = None,
         headers: Headers | None = None,
         shared_memory: SharedMemoryOption = False,
+        tls: ClientTls | None = None,
     ) -> None:
         if max_workers < 1 or max_queue_size < 0:
             raise ConfigError(
@@ -57,6 +59,7 @@ class FuturesModelClient:
             max_connections=max_workers,
             headers=headers,
             shared_memory=shared_memory,
+            tls=tls,
         )
         self._max_workers = max_workers
         self._max_queue_size = max_queue_size

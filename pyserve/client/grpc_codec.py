@@ -12,6 +12,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import grpc
+import grpc.aio
 from google.protobuf import json_format
 
 from pyserve.client.calls import GrpcCall, GrpcStreamCall, Outputs, T, timeout_message
@@ -51,6 +53,17 @@ CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 500),
 )
+
+
+def grpc_channel(address: ServerAddress, aio: bool = False) -> Any:
+    """A channel to ``address`` (grpc.Channel, or grpc.aio.Channel with ``aio``), over TLS when it says so. It
+    connects on its first call."""
+    module: Any = grpc.aio if aio else grpc
+    if address.tls is None:
+        return module.insecure_channel(address.authority, options=CHANNEL_OPTIONS)
+    return module.secure_channel(address.authority, address.tls.grpc_credentials(), options=CHANNEL_OPTIONS)
+
+
 # A call that found no connection waits this long (at most) for the channel to connect again, then is sent once
 # more: longer than the longest reconnect backoff, so a server that came back is reached.
 RECONNECT_GRACE_S = 0.6

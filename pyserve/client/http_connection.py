@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import select
 import socket
+import ssl
 from collections.abc import Callable, Iterator, Mapping
 
 import httptools
@@ -51,10 +52,17 @@ class _Response:
 class HttpConnection:
     """A kept-alive HTTP/1.1 connection to one server (not shared by threads at once)."""
 
-    def __init__(self, host: str, port: int, connect_timeout_s: float) -> None:
+    def __init__(self, host: str, port: int, connect_timeout_s: float, tls: ssl.SSLContext | None = None) -> None:
         self._host = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # the Host header
-        self.sock = socket.create_connection((host, port), timeout=connect_timeout_s)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = socket.create_connection((host, port), timeout=connect_timeout_s)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            try:  # the handshake, within the connection's time limit
+                sock = tls.wrap_socket(sock, server_hostname=host)
+            except BaseException:
+                sock.close()
+                raise
+        self.sock = sock
         self._buffer = bytearray(_RECV_SIZE)
         self.keep_alive = True
 
@@ -65,7 +73,21 @@ class HttpConnection:
 
     def is_dropped(self) -> bool:
         """Whether the server closed this idle connection (its socket reads as ready: EOF, or stray bytes)."""
-        return self.sock.fileno() < 0 or bool(select.select([self.sock], [], [], 0)[0])
+        if self.sock.fileno() < 0:
+            return True
+        if not isinstance(self.sock, ssl.SSLSocket):
+            return bool(select.select([self.sock], [], [], 0)[0])
+        if not self.sock.pending() and not select.select([self.sock], [], [], 0)[0]:
+            return False
+        # Over TLS a readable socket may hold only protocol records (a TLS 1.3 session ticket): read to tell.
+        self.sock.setblocking(False)
+        try:
+            self.sock.recv(1)
+        except ssl.SSLWantReadError:
+            return False
+        except OSError:
+            return True
+        return True  # end of stream, or bytes nobody asked for
 
     def send(self, method: str, path: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> None:
         """Write one request."""

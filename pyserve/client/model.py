@@ -12,12 +12,15 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from pyserve.client.tls import ClientTls
 from pyserve.config import Tensor
 from pyserve.dtypes import as_bytes_array, datatype_of, deserialize_bytes, numpy_dtype, serialize_bytes
 from pyserve.errors import ClientError, ConfigError, InvalidInputError, UnsupportedError
 from pyserve.frontends.shared_memory import BYTE_SIZE, OFFSET, REGION
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
+# A URL's scheme: the protocol, and whether over TLS (Triton serves TLS on the same ports).
+SCHEMES = {"http": ("http", False), "https": ("http", True), "grpc": ("grpc", False), "grpcs": ("grpc", True)}
 # PyTriton's defaults: wait up to 5 minutes for the server and model, 60 s for one inference.
 DEFAULT_INIT_TIMEOUT_S = 300.0
 DEFAULT_INFERENCE_TIMEOUT_S = 60.0
@@ -28,11 +31,13 @@ Headers = Mapping[str, str]
 
 @dataclasses.dataclass(frozen=True)
 class ServerAddress:
-    """Where a server listens: ``scheme`` is ``http`` or ``grpc``."""
+    """Where a server listens: ``scheme`` is the protocol, ``http`` or ``grpc``; ``tls`` is set when the connection
+    is over TLS (``https://``, ``grpcs://``)."""
 
     scheme: str
     host: str
     port: int
+    tls: ClientTls | None = None
 
     @property
     def authority(self) -> str:
@@ -41,16 +46,19 @@ class ServerAddress:
         return f"{host}:{self.port}"
 
     def __str__(self) -> str:
-        return f"{self.scheme}://{self.authority}"
+        return f"{self.scheme}{'s' if self.tls else ''}://{self.authority}"
 
 
-def parse_url(url: str) -> ServerAddress:
-    """``http://host:port``, ``grpc://host:port`` or ``host:port`` (HTTP); the port defaults to 8000 or 8001."""
+def parse_url(url: str, tls: ClientTls | None = None) -> ServerAddress:
+    """``http://host:port``, ``grpc://host:port`` or ``host:port`` (HTTP), or over TLS ``https://`` and
+    ``grpcs://`` (trusting ``tls``'s authorities, else the system's); the port defaults to 8000 or 8001."""
     text = url if "://" in url else f"http://{url}"
     parts = urlsplit(text)
-    scheme = parts.scheme.lower()
-    if scheme not in DEFAULT_PORTS:
-        raise ConfigError(f"server url {url!r}: scheme must be http or grpc, got {parts.scheme!r}")
+    if parts.scheme.lower() not in SCHEMES:
+        raise ConfigError(f"server url {url!r}: scheme must be http, https, grpc or grpcs, got {parts.scheme!r}")
+    scheme, secure = SCHEMES[parts.scheme.lower()]
+    if tls is not None and not secure:
+        raise ConfigError(f"server url {url!r}: TLS settings given for a plain connection (use https:// or grpcs://)")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise ConfigError(f"server url {url!r}: give only scheme, host and port")
     try:
@@ -59,7 +67,8 @@ def parse_url(url: str) -> ServerAddress:
         raise ConfigError(f"server url {url!r}: {exc}") from None
     if not parts.hostname:
         raise ConfigError(f"server url {url!r} has no host")
-    return ServerAddress(scheme, parts.hostname, DEFAULT_PORTS[scheme] if port is None else port)
+    port = DEFAULT_PORTS[scheme] if port is None else port
+    return ServerAddress(scheme, parts.hostname, port, (tls or ClientTls()) if secure else None)
 
 
 @dataclasses.dataclass(frozen=True)

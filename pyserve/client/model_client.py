@@ -78,7 +78,9 @@ class _BlockingClient(ClientBase):
 
 
 class ModelClient(_BlockingClient):
-    """A blocking client of one model, over HTTP (``http://host:port``, or no scheme) or gRPC (``grpc://``).
+    """A blocking client of one model, over HTTP (``http://host:port``, or no scheme) or gRPC (``grpc://``), or
+    the same over TLS (``https://``, ``grpcs://``; ``tls=ClientTls(ca_file=...)`` names the authorities to trust
+    instead of the system's, and the client's own certificate for mutual TLS).
 
     ``with ModelClient("localhost:8000", "add_sub") as client: client.infer_sample(a, b)`` returns a dict of
     output name -> numpy array (BYTES outputs as object arrays of bytes). The model's configuration is read on the

@@ -27,7 +27,7 @@ from pyserve.client.calls import (
     T,
     timeout_message,
 )
-from pyserve.client.grpc_codec import CHANNEL_OPTIONS, RECONNECT_GRACE_S, answer_or_raise, rpc_error
+from pyserve.client.grpc_codec import RECONNECT_GRACE_S, answer_or_raise, grpc_channel, rpc_error
 from pyserve.client.http_codec import EventReader
 from pyserve.client.http_connection import ConnectionDropped, HttpConnection
 from pyserve.client.model import ServerAddress
@@ -123,7 +123,8 @@ class HttpTransport:
     def _connect(self, timeout_s: float) -> HttpConnection:
         connect_s = min(self._connect_timeout_s, timeout_s)
         try:
-            return HttpConnection(self.address.host, self.address.port, connect_s)
+            tls = self.address.tls.ssl_context() if self.address.tls is not None else None
+            return HttpConnection(self.address.host, self.address.port, connect_s, tls)
         except TimeoutError:
             raise ClientTimeoutError(
                 timeout_message(f"connecting to {self.address}", connect_s, "connection")
@@ -248,7 +249,7 @@ class GrpcTransport:
             method = self._methods.get(name)
             if method is None:
                 if self._channel is None:
-                    self._channel = grpc.insecure_channel(self.address.authority, options=CHANNEL_OPTIONS)
+                    self._channel = grpc_channel(self.address)
                 # No serializers: calls carry bytes both ways, the codec builds and reads them.
                 method = self._channel.stream_stream(name) if stream else self._channel.unary_unary(name)
                 self._methods[name] = method

@@ -5,8 +5,10 @@ and the custom routes, and files that cannot serve failing the start. docs/secur
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import ssl
+import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,8 +24,22 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from pyserve import ModelConfig, Request, Serve, ServeConfig, Tensor
-from pyserve.errors import ServerError
+from pyserve import ModelConfig, RemoteServe, Request, Serve, ServeConfig, Tensor
+from pyserve.bench.progress import Progress
+from pyserve.bench.runner import run_bench
+from pyserve.bench.settings import BenchSettings, levels_of
+from pyserve.bench.tune import ModelUnderTune, TuneSettings, run_tune
+from pyserve.client import (
+    AsyncioModelClient,
+    ClientTimeoutError,
+    ClientTls,
+    FuturesModelClient,
+    ModelClient,
+    ServerUnreachableError,
+)
+from pyserve.errors import ConfigError, ServerError
+
+from .cli_process import clean_environment, pyserve_command
 
 trustme = pytest.importorskip("trustme")
 
@@ -265,3 +281,137 @@ def test_the_asgi_apps_relay_reaches_a_tls_and_restricted_http_port(certs: Certi
         # The relay goes over TLS and carries the header: the mounting application decides who may call it.
         assert asyncio.run(get(app, "/v2/health/ready")) == 200
         assert asyncio.run(get(app, "/v2/models/identity")) == 200
+
+
+# pyserve's own clients ---------------------------------------------------------------------------------------------
+
+
+def tls_urls(serve: Serve) -> list[str]:
+    return [serve.url, f"grpcs://127.0.0.1:{serve.grpc_port}"]
+
+
+def test_pyserve_clients_over_https_and_grpcs(server: Serve, certs: Certificates) -> None:
+    assert server.url.startswith("https://")
+    x = np.arange(4, dtype=np.float32)
+    for url in tls_urls(server):
+        with ModelClient(url, "identity", tls=ClientTls(ca_file=certs.ca), lazy_init=False) as client:
+            assert client.url == url
+            for step in range(3):
+                assert client.infer_sample(INPUT0=x + step)["OUTPUT0"].tolist() == (x + step).tolist()
+            assert client.infer_batch(INPUT0=np.stack([x, x]))["OUTPUT0"].shape == (2, 4)
+        with FuturesModelClient(url, "identity", tls=ClientTls(ca_file=certs.ca)) as futures:
+            assert futures.infer_sample(INPUT0=x).result(30)["OUTPUT0"].tolist() == x.tolist()
+
+    async def asyncio_calls(url: str) -> list[float]:
+        async with AsyncioModelClient(url, "identity", tls=ClientTls(ca_file=certs.ca)) as client:
+            answers = await asyncio.gather(*(client.infer_sample(INPUT0=x + step) for step in range(4)))
+        return [float(answer["OUTPUT0"][0]) for answer in answers]
+
+    for url in tls_urls(server):
+        assert asyncio.run(asyncio_calls(url)) == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_pyserve_http_client_keeps_its_tls_connection(server: Serve, certs: Certificates) -> None:
+    # A TLS 1.3 server sends session tickets after the handshake: an idle connection whose socket reads as ready
+    # with only those must still count as open, not be replaced before every call.
+    with ModelClient(server.url, "identity", tls=ClientTls(ca_file=certs.ca), lazy_init=False) as client:
+        client.infer_sample(INPUT0=np.zeros(2, np.float32))
+        pool = client._transport._idle  # type: ignore[attr-defined]
+        assert len(pool) == 1
+        first = pool[0]
+        assert first.sock.version() in ("TLSv1.2", "TLSv1.3")
+        for _ in range(5):
+            client.infer_sample(INPUT0=np.zeros(2, np.float32))
+            assert list(pool) == [first]
+
+
+def refusal(url: str, tls: ClientTls | None) -> str:
+    """What a pyserve client that cannot get through to ``url`` says (within a second)."""
+    with (
+        ModelClient(url, "identity", tls=tls, init_timeout_s=1) as client,
+        pytest.raises((ServerUnreachableError, ClientTimeoutError)) as refused,
+    ):
+        client.wait_for_server(1)
+    return str(refused.value)
+
+
+def test_pyserve_clients_refuse_an_untrusted_certificate(server: Serve, certs: Certificates) -> None:
+    untrusted = ClientTls(ca_file=certs.other_ca)
+    assert "CERTIFICATE_VERIFY_FAILED" in refusal(server.url, untrusted)
+    refusal(f"grpcs://127.0.0.1:{server.grpc_port}", untrusted)
+    refusal(server.url.replace("https", "http"), None)  # plain text to a TLS port
+
+
+def test_pyserve_clients_with_a_client_certificate(certs: Certificates) -> None:
+    with tls_server(certs, tls_client_ca=certs.ca) as serve:
+        mutual = ClientTls(ca_file=certs.ca, cert_file=certs.client_cert, key_file=certs.client_key)
+        for url in tls_urls(serve):
+            with ModelClient(url, "identity", tls=mutual) as client:
+                assert client.infer_sample(INPUT0=np.ones(3, np.float32))["OUTPUT0"].tolist() == [1.0, 1.0, 1.0]
+            refusal(url, ClientTls(ca_file=certs.ca))  # no certificate of its own
+
+
+def test_client_tls_settings_are_checked(certs: Certificates) -> None:
+    with pytest.raises(ConfigError, match="https:// or grpcs://"):
+        ModelClient("http://127.0.0.1:1", "m", tls=ClientTls(ca_file=certs.ca))
+    with pytest.raises(ConfigError, match="both cert_file and key_file"):
+        ClientTls(cert_file=certs.client_cert)
+    with pytest.raises(ConfigError, match="not a readable file"):
+        ClientTls(ca_file=certs.ca + ".missing")
+    with pytest.raises(ConfigError, match="scheme must be"):
+        ModelClient("ftp://127.0.0.1:1", "m")
+
+
+def test_pyserve_bench_over_https_and_grpcs_with_a_client_certificate(certs: Certificates, tmp_path: Path) -> None:
+    with tls_server(certs, tls_client_ca=certs.ca) as serve:
+        for url in tls_urls(serve):
+            run = subprocess.run(
+                pyserve_command(
+                    "bench", "identity", "--url", url, "--shape", "INPUT0:4", "--concurrency", "2",
+                    "--warmup", "0.2s", "--window", "0.3s", "--duration", "1s", "--output", "out.json",
+                    "--tls-ca-file", certs.ca, "--tls-client-cert", certs.client_cert,
+                    "--tls-client-key", certs.client_key,
+                ),
+                cwd=tmp_path, env=clean_environment(), capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert run.returncode == 0, run.stderr
+            (step,) = json.loads((tmp_path / "out.json").read_text())["steps"]
+            assert step["failures"] == 0 and step["throughput_infer_per_s"] > 10
+            assert step["server"]["compute_infer_us"] > 0  # the statistics were read over TLS too
+        # Without the client certificate: every request fails, and the run says so.
+        settings = BenchSettings(
+            model="identity", url=serve.url, levels=levels_of([1]), shapes={"INPUT0": (4,)},
+            warmup_s=0.1, window_s=0.2, duration_s=0.5, tls=ClientTls(ca_file=certs.ca),
+        )  # fmt: skip
+        with pytest.raises(ServerUnreachableError):
+            run_bench(settings, Progress(None))
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_pyserve_tune_drives_a_tls_server(certs: Certificates, protocol: str) -> None:
+    # tune starts the Serve with its own ServeConfig (TLS and mutual TLS included) and reaches it over TLS.
+    settings = TuneSettings(
+        slo_p99_ms=500.0,
+        bench=BenchSettings(
+            model="identity", shapes={"INPUT0": (4,)}, warmup_s=0.1, window_s=0.2, duration_s=0.6,
+            tls=ClientTls(ca_file=certs.ca, cert_file=certs.client_cert, key_file=certs.client_key),
+        ),
+        max_instances=1, kinds=("thread",), queue_delays_us=(0,), preferred=False, budget_s=60.0,
+        concurrency=(2,), protocol=protocol,
+    )  # fmt: skip
+    report = run_tune(ModelUnderTune.from_serve(tls_server(certs, tls_client_ca=certs.ca), None), settings)
+    assert report.trials and all(trial.evaluation.error is None for trial in report.trials)
+    assert report.winner is not None and report.winner.evaluation.score > 10
+
+
+def test_remote_serve_finds_the_remote_port_through_https(certs: Certificates) -> None:
+    token = "a-test-token-" + "x" * 32
+    with tls_server(certs, remote_port=0, remote_token=token) as serve:
+        with RemoteServe(serve.url, token=token, tls=ClientTls(ca_file=certs.ca)) as remote:
+            remote.bind("doubled", lambda requests: [{"OUTPUT0": r["INPUT0"] * 2} for r in requests],
+                        [Tensor("INPUT0", np.float32, (-1,))], [Tensor("OUTPUT0", np.float32, (-1,))])  # fmt: skip
+            remote.run()
+            with ModelClient(serve.url, "doubled", tls=ClientTls(ca_file=certs.ca)) as client:
+                assert client.infer_sample(INPUT0=np.ones(2, np.float32))["OUTPUT0"].tolist() == [2.0, 2.0]
+        with pytest.raises(ServerError, match="CERTIFICATE_VERIFY_FAILED"):
+            RemoteServe(serve.url, token=token).run()  # the system's authorities do not know the test CA

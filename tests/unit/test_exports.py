@@ -50,6 +50,7 @@ CLIENT_NAMES = [
     "AsyncioModelClient",
     "ClientClosedError",
     "ClientTimeoutError",
+    "ClientTls",
     "DecoupledModelClient",
     "FuturesModelClient",
     "ModelClient",
