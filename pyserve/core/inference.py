@@ -199,6 +199,11 @@ class Instance:
     pid: int
     busy: bool = False
     batch_id: int = 0
+    # Where it runs, as its hello said: the host name, the cluster node (a Ray node id) and the device.
+    host: str = ""
+    node: str = ""
+    device: str = ""
+    runs_as: str = ""  # the kind it said it is: "ray" for a Ray actor (its kind is "remote" to the core)
     batches_done: int = 0  # batches it answered: one that did work is no start-up crash loop (supervisor back-off)
     # Correlation IDs of sequences released on this instance, told with its next batch (pyserve.core.sequence_batcher).
     released_sequences: list[Any] = field(default_factory=list)

@@ -307,6 +307,7 @@ class CoreMetrics:
         yield from self._cache_families(entries, labels)
         yield from self._latency_families(entries, labels)
         yield from self._host_families()
+        yield from _instance_families(entries, labels)
 
     def _cache_families(self, entries: list[ModelEntry], labels: list[dict[str, str]]) -> Iterator[Metric]:
         cache = self._cache
@@ -396,6 +397,30 @@ class CoreMetrics:
                 family = Metric(name, doc, "gauge")
                 family.add_sample(name, {}, value)
                 yield family
+
+
+def _instance_families(entries: list[ModelEntry], labels: list[dict[str, str]]) -> Iterator[Metric]:
+    """pyserve's own (Triton has none per instance): where each connected instance runs, and the batches it ran."""
+    info = Metric(
+        "pyserve_instance_info",
+        "A connected model instance: its kind, device, host and cluster node (a Ray node id) as labels; always 1",
+        "gauge",
+    )
+    batches = Metric(
+        "pyserve_instance_batches_total",
+        "Batches a model instance answered since it connected (restarts from 0 with the instance)",
+        "counter",
+    )
+    for label, entry in zip(labels, entries, strict=True):
+        for instance in sorted(entry.instances, key=lambda i: i.index):
+            named = {**label, "instance": str(instance.index)}
+            kind = instance.runs_as if instance.runs_as == "ray" else instance.kind
+            where = {"kind": kind, "device": instance.device, "host": instance.host, "node": instance.node}
+            info.add_sample(info.name, {**named, **where}, 1)
+            batches.add_sample(batches.name, named, instance.batches_done)
+    if info.samples:
+        yield info
+        yield batches
 
 
 # text format -----------------------------------------------------------------------------------------------------

@@ -1,12 +1,13 @@
-"""What the status page shows beyond the statistics: each model's instances (kind, pid, device, restarts, state)
-and its request latency quantiles. The ``StatusView`` of ``CoreApi``, read when the page asks, never per request."""
+"""What the status page shows beyond the statistics: each model's instances (kind, pid, device, host, node,
+restarts, state, batches) and its request latency quantiles. The ``StatusView`` of ``CoreApi``, read when the page
+asks, never per request."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from pyserve.core.inference import REMOTE_KIND, ModelEntry
+from pyserve.core.inference import REMOTE_KIND, Instance, ModelEntry
 from pyserve.core.metrics_collector import LatencyRecorder
 from pyserve.core.supervisor import WorkerProcess
 
@@ -36,10 +37,10 @@ class CoreStatus:
                 state = "busy" if instance.busy else "idle"
             else:
                 state = "restarting" if worker.process is None else "starting"
-            described.append(_described(worker.index, "process", worker.pid, devices, worker.restarts, state))
+            described.append(_described(worker.index, "process", worker.pid, devices, worker.restarts, state, instance))
         for instance in connected:
             state = "busy" if instance.busy else "idle"
-            described.append(_described(instance.index, instance.kind, instance.pid, devices, 0, state))
+            described.append(_described(instance.index, instance.kind, instance.pid, devices, 0, state, instance))
         return sorted(described, key=lambda instance: (instance["index"], instance["kind"]))
 
     def latency_quantiles(self, entry: ModelEntry, quantiles: Sequence[float]) -> list[float] | None:
@@ -50,7 +51,30 @@ class CoreStatus:
         return [value for _, value in recorder.summaries["request"].quantiles(quantiles)]
 
 
-def _described(index: int, kind: str, pid: int, devices: Sequence[str], restarts: int, state: str) -> dict[str, Any]:
-    # Placement is round-robin over the configured devices, for thread and process instances alike.
-    device = "remote" if kind == REMOTE_KIND else devices[index % len(devices)] if devices else "cpu"
-    return {"index": index, "kind": kind, "pid": pid, "device": device, "restarts": restarts, "state": state}
+def _described(
+    index: int,
+    kind: str,
+    pid: int,
+    devices: Sequence[str],
+    restarts: int,
+    state: str,
+    instance: Instance | None = None,
+) -> dict[str, Any]:
+    # What a connected instance said of itself; else placement is round-robin over the configured devices, for
+    # thread and process instances alike (one waiting to be restarted has not said).
+    device = instance.device if instance is not None and instance.device else ""
+    if not device:
+        device = "remote" if kind == REMOTE_KIND else devices[index % len(devices)] if devices else "cpu"
+    if instance is not None and kind == REMOTE_KIND and instance.runs_as == "ray":
+        kind = "ray"
+    return {
+        "index": index,
+        "kind": kind,
+        "pid": pid,
+        "device": device,
+        "host": instance.host if instance is not None else "",
+        "node": instance.node if instance is not None else "",
+        "restarts": restarts,
+        "state": state,
+        "batches": instance.batches_done if instance is not None else 0,
+    }

@@ -311,7 +311,16 @@ class WorkerControl:
                 self._send(identity, Refused.build(str(exc)), None)
                 return
         kind = REMOTE_KIND if remote else hello.instance_kind
-        instance = Instance(identity, hello.instance_index, kind, hello.pid)
+        instance = Instance(
+            identity,
+            hello.instance_index,
+            kind,
+            hello.pid,
+            host=hello.host,
+            node=hello.node,
+            device=hello.device,
+            runs_as=hello.instance_kind,
+        )
         entry.instances.append(instance)
         self._metrics.model_ready(entry)
         self._connected[identity] = (instance, entry, hello.shm_prefix)

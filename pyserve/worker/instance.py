@@ -10,6 +10,7 @@ import asyncio
 import inspect
 import logging
 import os
+import platform
 import threading
 import time
 import traceback
@@ -77,8 +78,10 @@ class InstanceRunner:
         spin_us: int = 0,
         remote_token: str = "",
         routing_id: bytes = b"",
+        node: str = "",
     ) -> None:
         self.address = address
+        self._node = node  # the cluster node it runs on (a Ray node id), told to the core in its hello
         # An instance of a remote peer (RemoteServe): its socket is a CURVE client keyed by this token, named by
         # its session (pyserve.core.remote_peers).
         self._remote_token = remote_token
@@ -151,7 +154,15 @@ class InstanceRunner:
                     return  # stopped (or the core died) while the subscription was being confirmed
             socket.connect(self.address)
             hello = Hello.build(
-                self.spec.name, self.spec.version, self.instance, self.kind, os.getpid(), self._shm_prefix
+                self.spec.name,
+                self.spec.version,
+                self.instance,
+                self.kind,
+                os.getpid(),
+                self._shm_prefix,
+                host=platform.node(),
+                node=self._node,
+                device=self.context.device,
             )
             socket.send(pack_header(hello))
             stage_times = self._stage_times

@@ -47,6 +47,8 @@ class RayInstance:
             debug_errors=bool(settings.get("debug_errors", False)),
             remote_token=token,
             routing_id=f"{session}/{spec.name}/{index}".encode(),
+            kind="ray",
+            node=_node_id(),
         )
         self._thread = threading.Thread(
             target=runner.run, args=(self._stop, self._on_ready, (self._wake_read,)), name="pyserve-ray", daemon=True
@@ -83,6 +85,13 @@ class RayInstance:
         os.close(self._wake_write)  # wakes the idle loop: end-of-file on its wake pipe
         self._thread.join(5.0)
         self._pinger.join()
+
+
+def _node_id() -> str:
+    """The Ray node the actor runs on."""
+    import ray
+
+    return str(ray.get_runtime_context().get_node_id())
 
 
 def _device() -> str:

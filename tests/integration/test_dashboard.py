@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import signal
 import threading
@@ -107,9 +108,18 @@ def test_the_data_agrees_with_the_statistics_endpoint(server: Serve) -> None:
     assert model["stats"]["inference_count"] == stats["inference_count"]
     assert model["stats"]["execution_count"] == stats["execution_count"]
     assert model["batches"] == [[b["batch_size"], b["compute_infer"]["count"]] for b in stats["batch_stats"]]
-    assert model["instances"] == [
-        {"index": 0, "kind": "thread", "pid": os.getpid(), "device": "cpu", "restarts": 0, "state": "idle"}
-    ]
+    (instance,) = model["instances"]
+    assert instance == {
+        "index": 0,
+        "kind": "thread",
+        "pid": os.getpid(),
+        "device": "cpu",
+        "host": platform.node(),
+        "node": "",
+        "restarts": 0,
+        "state": "idle",
+        "batches": stats["execution_count"],
+    }
     assert model["latency_us"]["p50"] > 0 and model["latency_us"]["p99"] >= model["latency_us"]["p50"]
     fields, samples = data["history"]["fields"], data["history"]["samples"]
     assert len(samples) >= 2 and samples[-1]["models"]["double/1"][fields.index("success")] == model["stats"]["success"]
@@ -208,6 +218,8 @@ def test_the_page_in_a_browser_shows_the_servers_numbers(
     assert shown_batches == [[b["batch_size"], b["compute_infer"]["count"]] for b in stats["batch_stats"]]
     instance = page.locator('#instances tr[data-model="double/1"]')
     assert instance.locator('[data-field="pid"]').inner_text() == str(os.getpid())
+    assert instance.locator('[data-field="host"]').inner_text() == platform.node()
+    assert int(instance.locator('[data-field="batches"]').get_attribute("data-value") or -1) == stats["execution_count"]
     assert page.locator("#server-state").inner_text() == "ready"
     assert float(page.locator("#total-rps").inner_text()) >= 0  # a rate between the last two samples
     assert page.locator("#chart-throughput polyline").count() >= 1

@@ -3,9 +3,13 @@ an actor killed under load (only its requests fail; Ray restarts it and it rejoi
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import platform
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,8 +19,9 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
+import pyserve
 from pyserve import ModelConfig, Request, Serve, ServeConfig, Tensor, batch
-from pyserve.client import ModelClient
+from pyserve.client import DecoupledModelClient, ModelClient
 from pyserve.errors import ConfigError
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
@@ -36,6 +41,16 @@ def double(x: np.ndarray) -> dict[str, np.ndarray]:
 def which_process(requests: list[Request]) -> list[dict[str, np.ndarray]]:
     time.sleep(float(requests[0].parameters.get("sleep", 0)))
     return [{"pid": np.array([os.getpid()], np.int64)} for _ in requests]
+
+
+def calls_double(requests: list[Request]) -> list[dict[str, np.ndarray]]:
+    # BLS from inside an actor: the server's core schedules the call to another model (here a thread instance).
+    return [{"y": pyserve.infer("local_double", {"x": r["x"]})["y"] + 1} for r in requests]
+
+
+def count_up(requests: list[Request]) -> Iterator[list[dict[str, np.ndarray]]]:
+    for step in range(3):
+        yield [{"y": r["x"] + step} for r in requests]
 
 
 class Setup:
@@ -77,6 +92,10 @@ def server(local_ray: None) -> Iterator[Serve]:
             [Tensor("device", bytes, (1,))],
             config=ModelConfig(max_batch_size=0, worker="ray", ray_actor_options={"num_cpus": 0}),
         )
+        serve.bind("local_double", double, X, Y, config=ModelConfig(max_batch_size=0))
+        on_ray = ModelConfig(max_batch_size=0, worker="ray", ray_actor_options={"num_cpus": 0})
+        serve.bind("ray_bls", calls_double, X, Y, config=on_ray)
+        serve.bind("ray_stream", count_up, X, Y, config=dataclasses.replace(on_ray, decoupled=True))
         yield serve
 
 
@@ -111,6 +130,35 @@ def test_instances_are_actors_in_their_own_processes(server: Serve) -> None:
             if seen == pids:
                 break
     assert seen <= pids and seen
+
+
+def test_a_ray_instance_calls_other_models(server: Serve) -> None:
+    with ModelClient(server.url, "ray_bls") as client:
+        assert client.infer_sample(x=np.array([1, 2], np.float32))["y"].tolist() == [3.0, 5.0]
+
+
+def test_a_ray_instance_streams_a_decoupled_models_responses(server: Serve) -> None:
+    for url in (server.url, f"grpc://{server.grpc_address}"):
+        with DecoupledModelClient(url, "ray_stream") as client:
+            got = [answer["y"].tolist() for answer in client.infer_sample(x=np.array([10], np.float32))]
+        assert got == [[10.0], [11.0], [12.0]], url
+
+
+def test_ray_instances_are_reported_with_their_node(server: Serve) -> None:
+    node = ray.get_runtime_context().get_node_id()
+    placements = server._ray.placements[("ray_pid", 1)]
+    with urllib.request.urlopen(f"{server.url}/dashboard/data", timeout=10) as response:
+        data = json.loads(response.read())
+    (model,) = [m for m in data["models"] if m["name"] == "ray_pid"]
+    assert {(i["kind"], i["node"], i["host"], i["device"]) for i in model["instances"]} == {
+        ("ray", node, platform.node(), "cpu")
+    }
+    assert sorted(i["pid"] for i in model["instances"]) == sorted(p["pid"] for p in placements)
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as response:
+        page = response.read().decode()
+    lines = page.splitlines()
+    info = [line for line in lines if line.startswith("pyserve_instance_info{") and 'model="ray_pid"' in line]
+    assert len(info) == 2 and all(f'node="{node}"' in line and 'kind="ray"' in line for line in info), info
 
 
 def test_setup_gets_the_actors_device(server: Serve) -> None:
@@ -160,8 +208,12 @@ def test_stop_removes_the_actors(local_ray: None) -> None:
     with serve:
         (actor,) = serve._ray.actors("ray_double", 1)
         assert ray.get(actor.placement.remote())["device"] == "cpu"
+    # ray.kill is asynchronous: a call made at once may still be answered; within seconds the actor is gone.
+    deadline = time.monotonic() + 30
     with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(actor.placement.remote(), timeout=30)
+        while time.monotonic() < deadline:
+            ray.get(actor.placement.remote(), timeout=10)
+            time.sleep(0.2)
     assert ray.is_initialized()  # the user's Ray is left running
 
 

@@ -205,8 +205,11 @@
       const row = el(
         "tr", { "data-model": `${m.name}/${m.version}`, "data-instance": i.index },
         cell("model", `${m.name} v${m.version}`), cell("index", i.index), cell("kind", i.kind),
-        cell("pid", i.pid || "-", i.pid), cell("device", i.device || "-"),
-        cell("restarts", i.restarts, i.restarts), cell("state", i.state),
+        cell("pid", i.pid || "-", i.pid), cell("device", i.device || "-"), cell("host", i.host || "-"),
+        // A Ray node id is 56 hex digits: its start tells nodes apart, the whole of it is in data-value.
+        cell("node", i.node ? i.node.slice(0, 8) : "-", i.node),
+        cell("restarts", i.restarts, i.restarts), cell("batches", fmt.count(i.batches), i.batches),
+        cell("state", i.state),
       );
       row.lastChild.className = `state-${i.state}`;
       return row;

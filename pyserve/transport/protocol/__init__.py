@@ -10,7 +10,7 @@ from here. One module per group of the table below: ``instances`` (joining and l
 from -> to         kind                 class               fields (wire key)
 =================  ===================  ==================  ============================================================
 instance -> core   ``hello``            ``Hello``           model, version, instance_index (instance), instance_kind
-                                                            (kind), pid, shm_prefix
+                                                            (kind), pid, shm_prefix, host, node, device
 core -> instance   ``welcome``          ``Welcome``         cancel_address (cancel)
 core -> instance   ``refused``          ``Refused``         message
 core -> instance   ``infer``            ``InferBatch``      batch_id (b), requests (r), blocks (x), trace (tc),

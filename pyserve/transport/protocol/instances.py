@@ -8,7 +8,7 @@ from pyserve.transport.protocol.message import Header, Message, MessageKind
 class Hello(Message):
     """instance -> core: the first message of an instance, which serves one model version."""
 
-    __slots__ = ("instance_index", "instance_kind", "model", "pid", "shm_prefix", "version")
+    __slots__ = ("device", "host", "instance_index", "instance_kind", "model", "node", "pid", "shm_prefix", "version")
     KIND = MessageKind.HELLO
 
     model: str
@@ -16,11 +16,17 @@ class Hello(Message):
     instance_index: int
     """The instance's index among its model's instances."""
     instance_kind: str
-    """Either "thread" or "process"."""
+    """"thread", "process" or "ray" (a remote peer's instances are remote to the core whatever they say)."""
     pid: int
     """The process the instance runs in."""
     shm_prefix: str
     """The name prefix of the instance's shared-memory segments (its outputs)."""
+    host: str
+    """The host name of the machine it runs on ("" from an instance that does not say)."""
+    node: str
+    """The cluster node it runs on (a Ray node id); "" outside a cluster."""
+    device: str
+    """The device its ``setup`` was given ("cpu", "cuda:0", ...); "" from an instance that does not say."""
 
     def __init__(self, header: Header) -> None:
         self.model = header["model"]
@@ -29,9 +35,22 @@ class Hello(Message):
         self.instance_kind = header["kind"]
         self.pid = header["pid"]
         self.shm_prefix = header["shm_prefix"]
+        self.host = str(header.get("host", ""))
+        self.node = str(header.get("node", ""))
+        self.device = str(header.get("device", ""))
 
     @staticmethod
-    def build(model: str, version: int, instance_index: int, instance_kind: str, pid: int, shm_prefix: str) -> Header:
+    def build(
+        model: str,
+        version: int,
+        instance_index: int,
+        instance_kind: str,
+        pid: int,
+        shm_prefix: str,
+        host: str = "",
+        node: str = "",
+        device: str = "",
+    ) -> Header:
         """The message (fields: see the class)."""
         return {
             "t": "hello",
@@ -41,6 +60,9 @@ class Hello(Message):
             "kind": instance_kind,
             "pid": pid,
             "shm_prefix": shm_prefix,
+            "host": host,
+            "node": node,
+            "device": device,
         }
 
 
