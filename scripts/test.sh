@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The one test command (README; .ci/run calls exactly this): make a venv, install pyserve with its test extras and
-# perf_analyzer, lint, then run the test suite. Extra arguments go to pytest (default: everything but slow/gpu).
+# The one test command (README; .ci/run calls exactly this): make a venv, install pyserve with its test extras,
+# perf_analyzer and PyTriton (for its client, in a venv of its own), lint, then run the test suite. Extra arguments go to pytest (default: everything but slow/gpu).
 #   bash scripts/test.sh              # default suite
 #   bash scripts/test.sh -m slow      # soak/stress tests
 set -euo pipefail
@@ -25,6 +25,19 @@ else
   cat .tools/pa-install.log >&2
   echo "(on a platform without it, PYSERVE_ALLOW_NO_PERF_ANALYZER=1 runs the tests without perf_analyzer)" >&2
   exit 1
+fi
+# PyTriton's own client against pyserve (tests/integration/test_pytriton_compat.py; the slow PyTriton tests too)
+# runs from benchmarks/.pytriton-venv: nvidia-pytriton, made once (~20 s).
+make_pytriton_venv='import sys; sys.path.insert(0, "benchmarks"); from _common import ensure_pytriton_venv as e; e()'
+if ! .venv/bin/python -c "$make_pytriton_venv" >.tools/pytriton-install.log 2>&1; then
+  if [ "${PYSERVE_ALLOW_NO_PYTRITON:-}" = 1 ]; then
+    echo "PyTriton could not be installed (PYSERVE_ALLOW_NO_PYTRITON=1): its tests will be skipped" >&2
+  else
+    echo "PyTriton (benchmarks/.pytriton-venv) could not be installed:" >&2
+    tail -n 40 .tools/pytriton-install.log >&2
+    echo "(on a platform without it, PYSERVE_ALLOW_NO_PYTRITON=1 runs the tests without PyTriton)" >&2
+    exit 1
+  fi
 fi
 .venv/bin/ruff check pyserve tests benchmarks examples
 .venv/bin/mypy
