@@ -23,13 +23,12 @@ import uuid
 from collections.abc import Callable, Sequence
 from functools import partial
 from types import FrameType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from pyserve.client.tls import ClientTls
 from pyserve.config import ModelConfig, ModelSpec, ServeConfig, Tensor, WorkerKind
 from pyserve.core_process import ControlChannel
 from pyserve.errors import ConfigError, ModelAlreadyBoundError, ServerError
@@ -38,6 +37,9 @@ from pyserve.thread_instances import CoreLink, ThreadInstances
 from pyserve.transport.curve import TOKEN_ENV, check_token
 from pyserve.transport.protocol import Load, Unload
 from pyserve.worker.remote_session import SessionPinger
+
+if TYPE_CHECKING:  # pyserve.client is not imported with pyserve (tls= takes its ClientTls)
+    from pyserve.client.tls import ClientTls
 
 logger = logging.getLogger(__name__)
 

@@ -146,14 +146,30 @@ def model_dims(model: BackendModel, tensor: Tensor) -> tuple[int, ...]:
     return (-1, *dims) if model.spec.config.max_batch_size > 0 else dims
 
 
+def sequence_tensors(model: BackendModel) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    """The tensors a stateful model's file takes and gives beside its declared ones (``sequence_batching``): the
+    control inputs (one value per request, dims [1]) and implicit state inputs, and the state outputs. The instance
+    feeds the inputs with every request and takes the state outputs out of the answers (``worker.sequence_state``)."""
+    settings = model.spec.config.sequence_batcher
+    if settings is None:
+        return (), ()
+    inputs = [Tensor(control.name, control.datatype, (1,)) for control in settings.control_inputs]
+    inputs += [Tensor(state.input_name, state.datatype, state.shape) for state in settings.states]
+    outputs = tuple(Tensor(state.output_name, state.datatype, state.shape) for state in settings.states)
+    return tuple(inputs), outputs
+
+
 def check_signature(model: BackendModel, found: Signature) -> None:
     """Raise ConfigError where the config's tensors disagree with the model file's (name, datatype, rank, dims).
 
-    Every input the file needs must be declared; declared outputs must exist in the file, which may have more.
+    Every input the file needs must be declared (a stateful model's control and state inputs count); declared
+    outputs, and the state outputs, must exist in the file, which may have more.
     """
     spec = model.spec
     max_batch_size = spec.config.max_batch_size
-    for kind, declared, in_file in (("input", spec.inputs, found.inputs), ("output", spec.outputs, found.outputs)):
+    extra_inputs, state_outputs = sequence_tensors(model)
+    inputs, outputs = (*spec.inputs, *extra_inputs), (*spec.outputs, *state_outputs)
+    for kind, declared, in_file in (("input", inputs, found.inputs), ("output", outputs, found.outputs)):
         by_name = {t.name: t for t in in_file}
         for tensor in declared:
             what = f"model '{spec.name}' {kind} '{tensor.name}'"
@@ -164,7 +180,7 @@ def check_signature(model: BackendModel, found: Signature) -> None:
             if sig.datatype != tensor.datatype:
                 raise ConfigError(f"{what}: the config declares {tensor.datatype}, the model file has {sig.datatype}")
             _check_dims(what, model_dims(model, tensor), sig.dims, max_batch_size)
-    declared_inputs = {t.name for t in spec.inputs}
+    declared_inputs = {t.name for t in inputs}
     undeclared = [t.name for t in found.inputs if t.name not in declared_inputs]
     if undeclared:
         raise ConfigError(f"model '{spec.name}': the model file needs inputs {undeclared}, which the config lacks")
@@ -215,6 +231,8 @@ class BatchRunner:
         self._run = run
         self._batching = spec.config.max_batch_size > 0
         self._outputs = tuple(t.name for t in spec.outputs)
+        # A stateful model's state outputs: always computed, always returned (the instance keeps them).
+        self._states = tuple(t.name for t in sequence_tensors(model)[1])
         self._input_shapes = {t.name: model.reshape[t.name] for t in spec.inputs if t.name in model.reshape}
         # Outputs the model gives in its own shape go back to the shape clients see (the config's).
         self._output_shapes = {t.name: t.shape for t in spec.outputs if t.name in model.reshape}
@@ -226,13 +244,15 @@ class BatchRunner:
                 )
 
     def __call__(self, requests: list[Request]) -> list[dict[str, np.ndarray]]:
-        names = self._output_names(requests)
+        names = self._output_names(requests) + self._states
         if self._batching:
             responses: list[dict[str, np.ndarray]] = _run_batch(self, names, requests)
         else:
             responses = [self.run_once(names, request.data) for request in requests]
         return [
-            response if not request.requested_output_names else {n: response[n] for n in request.requested_output_names}
+            response
+            if not request.requested_output_names
+            else {n: response[n] for n in (*request.requested_output_names, *self._states)}
             for request, response in zip(requests, responses, strict=True)
         ]
 

@@ -19,7 +19,15 @@ from typing import Any
 import numpy as np
 
 from pyserve.backends.base import BackendModel, Signature
-from pyserve.backends.common import TORCH_DTYPE_NAMES, Arrays, BatchRunner, parse_device, to_numpy, to_torch
+from pyserve.backends.common import (
+    TORCH_DTYPE_NAMES,
+    Arrays,
+    BatchRunner,
+    parse_device,
+    sequence_tensors,
+    to_numpy,
+    to_torch,
+)
 from pyserve.backends.open import open_torch_export, open_torchscript
 from pyserve.errors import ConfigError, InvalidInputError, OutputMismatchError
 from pyserve.request import Request
@@ -100,7 +108,8 @@ class TorchModel:
     def _input_order(self, arguments: tuple[str, ...]) -> tuple[str, ...]:
         """The declared inputs in the order ``forward`` takes them."""
         spec = self.model.spec
-        names = [t.name for t in spec.inputs]
+        # A stateful model's control and state inputs are forward() arguments too (sequence_batching).
+        names = [t.name for t in (*spec.inputs, *sequence_tensors(self.model)[0])]
         indexed = positions(names)
         if indexed is not None:
             if sorted(indexed.values()) != list(range(len(names))):
@@ -154,7 +163,7 @@ class TorchModel:
                 found = result
         elif isinstance(result, Mapping):
             found = result.get(name)
-        elif len(self.model.spec.outputs) == 1:
+        elif len(self.model.spec.outputs) + len(sequence_tensors(self.model)[1]) == 1:
             found = result
         if not isinstance(found, torch.Tensor):
             raise OutputMismatchError(

@@ -310,7 +310,11 @@ def test_accelerator_parameters_become_provider_options() -> None:
 # --- custom operations ------------------------------------------------------------------------------------------
 
 
-def test_a_custom_op_library_is_registered_before_the_session(tmp_path: Path) -> None:
+def test_a_custom_op_library_is_registered_before_the_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # onnxruntime_extensions sets PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python when imported: keep it from the
+    # processes later tests start (both calls are undone at the end: the variable is as it was before).
+    monkeypatch.setenv("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "")
+    monkeypatch.delenv("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION")
     extensions = pytest.importorskip("onnxruntime_extensions", reason="needs onnxruntime-extensions' op library")
     path = save(
         tmp_path / "model.onnx",
