@@ -82,3 +82,28 @@ def test_messages_live_in_pyserves_own_pool() -> None:
     # tritonclient registers the same names in protobuf's default pool; both load in one process.
     assert POOL.FindMessageTypeByName("inference.ModelInferRequest") is grpc_service_pb2.ModelInferRequest.DESCRIPTOR
     assert grpc_service_pb2.DESCRIPTOR.package == "inference"
+
+
+@pytest.mark.parametrize("implementation", ["python", "upb"])
+def test_pyserves_messages_and_tritonclients_share_a_process(implementation: str) -> None:
+    # Either import order, under both protobuf implementations (the pure-Python one, which some libraries switch
+    # on through the environment, registers generated messages in the default pool unless told otherwise).
+    code = (
+        "import sys\n"
+        "first, second = sys.argv[1:]\n"
+        "__import__(first); __import__(second)\n"
+        "from google.protobuf.internal import api_implementation\n"
+        "from pyserve.frontends.protocol import grpc_service_pb2 as ours\n"
+        "from tritonclient.grpc import service_pb2 as theirs\n"
+        "wire = ours.ModelInferRequest(model_name='m', id='1').SerializeToString()\n"
+        "assert theirs.ModelInferRequest.FromString(wire).model_name == 'm'\n"
+        "print(api_implementation.Type())\n"
+    )
+    env = {**os.environ, "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": implementation}
+    modules = ["pyserve.frontends.protocol.grpc_service_pb2", "tritonclient.grpc"]
+    for order in (modules, modules[::-1]):
+        run = subprocess.run(
+            [sys.executable, "-c", code, *order], capture_output=True, text=True, timeout=60, env=env, check=False
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert run.stdout.strip() == implementation

@@ -10,7 +10,7 @@ from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
 # @@protoc_insertion_point(imports)
-from pyserve.frontends.protocol import POOL as _POOL
+from pyserve.frontends.protocol import POOL as _POOL, build_messages as _build_messages
 
 _sym_db = _symbol_database.Default()
 
@@ -22,7 +22,7 @@ DESCRIPTOR = _POOL.AddSerializedFile(b'\n-pyserve/frontends/protocol/grpc_servic
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pyserve.frontends.protocol.grpc_service_pb2', _globals)
+_build_messages(DESCRIPTOR, 'pyserve.frontends.protocol.grpc_service_pb2', _globals)
 if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
   _globals['_MODELINFERREQUEST_INFERINPUTTENSOR_PARAMETERSENTRY']._options = None
