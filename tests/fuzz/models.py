@@ -55,6 +55,18 @@ def model_of(datatype: str) -> str:
     return f"identity_{datatype.lower()}"
 
 
+def same_values_reshaped(model: str, before: list[int], after: list[int]) -> bool:
+    """Whether a request whose input shape went from ``before`` to ``after`` is still valid: an identity model
+    (``[-1]`` with batches up to MAX_BATCH) takes the same values as any ``[batch, n]`` of the same element count."""
+    if after == before:
+        return True
+    if not model.startswith("identity_") or len(after) != 2 or any(type(dim) is not int for dim in after):
+        return False  # (a JSON shape may hold floats, strings, booleans: those are refused)
+    if not 1 <= after[0] <= MAX_BATCH or after[1] < 0:
+        return False
+    return after[0] * after[1] == int(np.prod(before))
+
+
 @dataclass
 class Tensor:
     """A valid input: the model it goes to, its datatype and its values."""
