@@ -70,6 +70,8 @@ class TorchModel:
         self._module: Any = None
         self._device: Any = None
         self._arguments: tuple[str, ...] = ()
+        # forward() returning one bare tensor answers the model's only output (state outputs count: sequence_batching).
+        self._single_output = len(model.spec.outputs) + len(sequence_tensors(model)[1]) == 1
         self._contexts: tuple[Any, ...] = ()
         self._runner: BatchRunner | None = None
 
@@ -163,7 +165,7 @@ class TorchModel:
                 found = result
         elif isinstance(result, Mapping):
             found = result.get(name)
-        elif len(self.model.spec.outputs) + len(sequence_tensors(self.model)[1]) == 1:
+        elif self._single_output:
             found = result
         if not isinstance(found, torch.Tensor):
             raise OutputMismatchError(

@@ -23,7 +23,6 @@ from pyserve.bench.runner import measure_step, target_of
 from pyserve.bench.search import Evaluation, LoadPoint, SearchSpace, choose_winner, quick_search, sweep
 from pyserve.bench.server_calls import ServerCalls
 from pyserve.bench.settings import CONCURRENCY_PER_PROCESS, BenchSettings, LoadLevel
-from pyserve.client.tls import ClientTls
 from pyserve.config import ModelConfig, ServeConfig, Tensor, WorkerKind
 from pyserve.devices import visible_gpu_count
 from pyserve.errors import ConfigError, PyServeError
@@ -250,7 +249,8 @@ class _Evaluator:
         server = self._model.serve(config)
         try:
             url = server.url if settings.protocol == "http" else server.grpc_url
-            tls = (settings.bench.tls or ClientTls()) if url.startswith(("https:", "grpcs:")) else None
+            # A TLS URL without settings trusts the system's authorities (parse_url); a plain one takes none.
+            tls = settings.bench.tls if url.startswith(("https:", "grpcs:")) else None
             bench = dataclasses.replace(settings.bench, url=url, model=self._model.name, model_version=None, tls=tls)
             with ServerCalls(url, self._model.name, tls=tls) as calls:
                 if self._requests is None:

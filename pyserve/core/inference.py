@@ -209,6 +209,11 @@ class Instance:
     released_sequences: list[Any] = field(default_factory=list)
 
     @property
+    def shown_kind(self) -> str:
+        """The kind reports show: ``ray`` for a Ray actor (remote to the core), else ``kind``."""
+        return "ray" if self.remote and self.runs_as == "ray" else self.kind
+
+    @property
     def remote(self) -> bool:
         """Whether it runs on a remote peer: no shared memory between it and the core."""
         return self.kind == REMOTE_KIND

@@ -414,8 +414,8 @@ def _instance_families(entries: list[ModelEntry], labels: list[dict[str, str]]) 
     for label, entry in zip(labels, entries, strict=True):
         for instance in sorted(entry.instances, key=lambda i: i.index):
             named = {**label, "instance": str(instance.index)}
-            kind = instance.runs_as if instance.runs_as == "ray" else instance.kind
-            where = {"kind": kind, "device": instance.device, "host": instance.host, "node": instance.node}
+            kind, device = instance.shown_kind, instance.device
+            where = {"kind": kind, "device": device, "host": instance.host, "node": instance.node}
             info.add_sample(info.name, {**named, **where}, 1)
             batches.add_sample(batches.name, named, instance.batches_done)
     if info.samples:

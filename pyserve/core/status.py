@@ -65,8 +65,8 @@ def _described(
     device = instance.device if instance is not None and instance.device else ""
     if not device:
         device = "remote" if kind == REMOTE_KIND else devices[index % len(devices)] if devices else "cpu"
-    if instance is not None and kind == REMOTE_KIND and instance.runs_as == "ray":
-        kind = "ray"
+    if instance is not None:
+        kind = instance.shown_kind
     return {
         "index": index,
         "kind": kind,

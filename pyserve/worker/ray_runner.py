@@ -30,6 +30,7 @@ class RayInstance:
     def __init__(self, address: str, token: str, payload: bytes, index: int, settings: dict[str, Any]) -> None:
         spec, functions = load_payload(payload)
         self._device = _device()
+        self._node = _node_id()
         session = f"{settings['session']}-ray-{spec.name}-{index}-{uuid.uuid4().hex[:8]}"
         self._stop = threading.Event()
         self._wake_read, self._wake_write = os.pipe()
@@ -48,7 +49,7 @@ class RayInstance:
             remote_token=token,
             routing_id=f"{session}/{spec.name}/{index}".encode(),
             kind="ray",
-            node=_node_id(),
+            node=self._node,
         )
         self._thread = threading.Thread(
             target=runner.run, args=(self._stop, self._on_ready, (self._wake_read,)), name="pyserve-ray", daemon=True
@@ -69,11 +70,8 @@ class RayInstance:
 
     def placement(self) -> dict[str, Any]:
         """Where Ray put this instance: node, host, process and device."""
-        import ray
-
-        context = ray.get_runtime_context()
         return {
-            "node_id": context.get_node_id(),
+            "node_id": self._node,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "device": self._device,
