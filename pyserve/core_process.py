@@ -34,6 +34,7 @@ from pyserve.transport.protocol import ControlReply, Header, kind_of
 
 CONTROL_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0
+CLOSE_CHECK_S = 0.1  # how often a waiting control request looks whether its channel is being closed
 # Core processes this process has started: the CLI compares the count around importing a module, because a module
 # written like the Quickstart serves (and has stopped again) by the time its import returns.
 _starts = 0
@@ -63,20 +64,28 @@ class ControlChannel:
         socket.connect(address)
         self._socket = socket
         self._lock = threading.Lock()
+        self._closing = threading.Event()
         self._request_ids = itertools.count(1)
 
     def request(self, build: Callable[[int], Header], timeout_s: float = CONTROL_TIMEOUT_S) -> ControlReply:
         """Send the control request ``build(request_id)`` makes; wait for the reply to it (``ServerError`` when
         none comes within ``timeout_s``)."""
         with self._lock:
+            if self._closing.is_set():
+                raise ServerError(f"the channel to {self._what} is closed (the server stopped)")
             request_id = next(self._request_ids)
             message = build(request_id)
             self._socket.send(pack_header(message))
             deadline = time.monotonic() + timeout_s
             while True:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._socket.poll(int(remaining * 1000)):
+                if remaining <= 0:
                     raise ServerError(f"{self._what} did not answer {kind_of(message)!r} in time")
+                # In slices: close() from another thread (stop() while run() still loads) ends the wait within one.
+                if not self._socket.poll(int(min(remaining, CLOSE_CHECK_S) * 1000)):
+                    if self._closing.is_set():
+                        raise ServerError(f"the server stopped before {self._what} answered {kind_of(message)!r}")
+                    continue
                 reply = ControlReply(unpack_header(self._socket.recv()))
                 if reply.request_id == request_id:
                     return reply
@@ -87,8 +96,11 @@ class ControlChannel:
         return monitor
 
     def close(self) -> None:
-        """Close the socket."""
-        self._socket.close(linger=0)
+        """Close the socket; a request waiting in another thread fails with ServerError first (zmq sockets are not
+        thread-safe: the socket is closed only once no request holds it)."""
+        self._closing.set()
+        with self._lock:
+            self._socket.close(linger=0)
 
 
 class CoreProcess:
@@ -182,8 +194,10 @@ class CoreProcess:
 
     def request(self, build: Callable[[int], Header], timeout_s: float = CONTROL_TIMEOUT_S) -> ControlReply:
         """Send the control request ``build(request_id)`` makes; wait for the core's reply to it."""
-        assert self._control is not None
-        return self._control.request(build, timeout_s)
+        control = self._control
+        if control is None:
+            raise ServerError("the core process is stopped")
+        return control.request(build, timeout_s)
 
     @property
     def pid(self) -> int:
