@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import zmq
 
 from pyserve.core.inference import BufferLease, InferenceRequest, InferenceResponse, Instance, ModelEntry, OutputTensor
+from pyserve.core.remote_peers import remote_cancel_identity
 from pyserve.core.request_flow import fail, respond
 from pyserve.core.stage_times import StageTimes
 from pyserve.core.stats import BACKEND, CANCELED, OTHER
@@ -123,9 +124,18 @@ class BatchesInFlight:
                 socket.send(pack_header(CancelNotice.build_sync()))
 
     def cancel_running(self, request: InferenceRequest) -> None:
-        """A cancelled request that is in a running batch: tell its instance (it sees the request's cancel flag)."""
-        if request.batch_id in self.pending and self._cancel_socket is not None:
-            self._cancel_socket.send(pack_header(CancelNotice.build(request.batch_id, [request.batch_index])))
+        """A cancelled request that is in a running batch: tell its instance (it sees the request's cancel flag).
+
+        A remote instance (``RemoteServe``, a Ray actor) does not hear the publisher, a socket on this host: its
+        session's cancel socket (``<session>/cancel`` on the remote port) is told instead."""
+        pending = self.pending.get(request.batch_id)
+        if pending is None:
+            return
+        notice = CancelNotice.build(request.batch_id, [request.batch_index])
+        if pending.instance.remote:
+            self._send(remote_cancel_identity(pending.instance.identity), notice, None)
+        elif self._cancel_socket is not None:
+            self._cancel_socket.send(pack_header(notice))
 
     # batches ------------------------------------------------------------------------------------------------------
 

@@ -13,8 +13,10 @@ local socket carries, and under stricter rules:
 - its identities are prefixed with ``REMOTE_PREFIX`` inside the core, so they never collide with the local
   socket's, and ``send`` routes a reply by that prefix.
 
-A peer names its sockets ``<session>/<role>`` (ZeroMQ routing ids: its control socket, one per instance, and one
-that sends ``ping`` every second). A session silent for ``ServeConfig.remote_peer_timeout_s`` is gone — the process
+A peer names its sockets ``<session>/<role>`` (ZeroMQ routing ids: its control socket, one per instance, one
+that sends ``ping`` every second, and ``<session>/cancel``, which hears the cancellations of requests running on
+its instances: it says ``ping`` once and is answered with a sync notice, as the local cancel publisher answers a
+subscription). A session silent for ``ServeConfig.remote_peer_timeout_s`` is gone — the process
 died, its host vanished or the network between failed: ``on_gone`` is called for each of its sockets, which removes
 its instances and the models it loaded, and their requests fail with the reason. (ZeroMQ's own heartbeats close the
 dead tcp connections, and libzmq's stable API does not say which peer a closed connection was; so when the socket's
@@ -40,6 +42,7 @@ from pyserve.transport.messages import pack_header, unpack_header
 from pyserve.transport.protocol import (
     BatchResult,
     BlsRequest,
+    CancelNotice,
     ControlReply,
     ControlRequest,
     Header,
@@ -56,8 +59,10 @@ REMOTE_PREFIX = b"\x01remote:"
 
 _CHECK_EVERY_S = 1.0
 _PROBE_DELAYS_S = (0.01, 0.1, 0.5)
-# A peer's control and ping sockets are not probed: they would read a ping as a reply (control) or never read it.
-_NOT_PROBED = (b"/control", b"/ping")
+# A peer's control, ping and cancel sockets are not probed: they would read a ping as a reply (control), never
+# read it (ping) or read it as a cancellation (cancel).
+_CANCEL_ROLE = b"/cancel"
+_NOT_PROBED = (b"/control", b"/ping", _CANCEL_ROLE)
 _HEARTBEAT_IVL_MS = 2000
 _HEARTBEAT_TIMEOUT_MS = 6000
 
@@ -87,6 +92,11 @@ _CONTROL_REQUESTS = frozenset(
 def is_remote(identity: bytes) -> bool:
     """Whether a core-side identity is a remote peer's."""
     return identity.startswith(REMOTE_PREFIX)
+
+
+def remote_cancel_identity(identity: bytes) -> bytes:
+    """The core-side identity of the cancel socket of a remote instance's session."""
+    return identity.partition(b"/")[0] + _CANCEL_ROLE
 
 
 class _PeerKey:
@@ -209,6 +219,9 @@ class RemotePeers:
                 continue
             kind = kind_of(header)
             if kind == MessageKind.PING:
+                if raw.endswith(_CANCEL_ROLE):
+                    # The session's cancel socket is connected: from now on it hears its instances' cancellations.
+                    self.send(identity, [pack_header(CancelNotice.build_sync())])
                 continue
             if kind == MessageKind.BYE and raw.endswith(b"/ping"):
                 self._end_session(session)  # the peer stopped: forget it now rather than when it falls silent

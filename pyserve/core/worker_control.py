@@ -324,7 +324,8 @@ class WorkerControl:
         entry.instances.append(instance)
         self._metrics.model_ready(entry)
         self._connected[identity] = (instance, entry, hello.shm_prefix)
-        # Remote instances do not hear cancellations: the publisher is an ipc socket on this host.
+        # Remote instances do not hear the publisher, a socket on this host: they have their session's cancel
+        # socket on the remote port (pyserve.core.remote_peers).
         self._send(identity, Welcome.build("" if remote else self._batches.cancel_address), None)
         assert entry.scheduler is not None
         entry.scheduler.add_instance(instance)

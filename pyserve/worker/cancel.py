@@ -7,6 +7,11 @@ publishes ``{"b": batch_id, "i": [request indexes]}`` on an XPUB socket; one lis
 only once its listener heard it (the core gives the publisher's address to thread instances through ``Serve`` and to
 process instances on their command line): by the time the core can run a batch on the instance, the subscription
 is in place (ZeroMQ drops what a publisher sends to a subscriber whose subscription has not arrived yet).
+
+The instances of a remote peer (``RemoteServe``, a Ray actor) cannot reach that publisher, a socket on the core's
+host: their listener is a CURVE DEALER on the core's remote port named ``<session>/cancel``, which says ``ping`` once
+and is answered with the same sync notice; the core sends it the cancellations of the session's running batches
+(``pyserve.core.remote_peers``).
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from typing import Any
 import zmq
 
 from pyserve.request import CancelFlag
-from pyserve.transport.messages import unpack_header
-from pyserve.transport.protocol import CancelNotice
+from pyserve.transport.curve import secure_client
+from pyserve.transport.messages import pack_header, unpack_header
+from pyserve.transport.protocol import CancelNotice, Ping
 
 logger = logging.getLogger(__name__)
 
@@ -29,10 +35,16 @@ SYNC_TIMEOUT_MS = 10_000
 
 
 class CancelListener:
-    """Sets the cancel flags of registered batches when the core says so."""
+    """Sets the cancel flags of registered batches when the core says so.
 
-    def __init__(self, address: str) -> None:
+    ``remote_token`` and ``session`` make it a remote session's listener on the core's remote port (see above).
+    """
+
+    def __init__(self, address: str, remote_token: str = "", session: str = "") -> None:
         self.address = address
+        self.key = _key(address, session)
+        self._remote_token = remote_token
+        self._session = session
         self._lock = threading.Lock()
         self._batches: dict[int, list[CancelFlag]] = {}
         self._stop = threading.Event()
@@ -66,11 +78,19 @@ class CancelListener:
                 self._synced_write = -1
 
     def _run(self) -> None:
-        socket: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.SUB)
+        socket: zmq.Socket[Any]
+        if self._remote_token:
+            socket = zmq.Context.instance().socket(zmq.DEALER)
+            secure_client(socket, self._remote_token)
+            socket.setsockopt(zmq.ROUTING_ID, f"{self._session}/cancel".encode())
+        else:
+            socket = zmq.Context.instance().socket(zmq.SUB)
+            socket.setsockopt(zmq.SUBSCRIBE, b"")
         socket.setsockopt(zmq.LINGER, 0)
-        socket.setsockopt(zmq.SUBSCRIBE, b"")
         try:
             socket.connect(self.address)
+            if self._remote_token:
+                socket.send(pack_header(Ping.build()))  # queued until connected; the core answers with the sync
             poller = zmq.Poller()
             poller.register(socket, zmq.POLLIN)
             poller.register(self._wake_read, zmq.POLLIN)
@@ -100,13 +120,19 @@ _listeners: dict[str, tuple[CancelListener, int]] = {}
 _listeners_lock = threading.Lock()
 
 
-def acquire_listener(address: str) -> CancelListener:
-    """The process-wide listener for a core's cancel address, started on first use and shared by instances."""
+def _key(address: str, session: str) -> str:
+    return f"{address}#{session}" if session else address
+
+
+def acquire_listener(address: str, remote_token: str = "", session: str = "") -> CancelListener:
+    """The process-wide listener for a core's cancel address (or a remote session's, on the core's remote port),
+    started on first use and shared by instances."""
+    key = _key(address, session)
     with _listeners_lock:
-        listener, users = _listeners.get(address, (None, 0))
+        listener, users = _listeners.get(key, (None, 0))
         if listener is None:
-            listener = CancelListener(address)
-        _listeners[address] = (listener, users + 1)
+            listener = CancelListener(address, remote_token, session)
+        _listeners[key] = (listener, users + 1)
         return listener
 
 
@@ -132,14 +158,14 @@ def wait_synced(listener: CancelListener, wake_fds: list[int]) -> bool:
     return True
 
 
-def release_listener(address: str) -> None:
-    """An instance stopped: the last one to go stops the listener."""
+def release_listener(key: str) -> None:
+    """An instance stopped (``key``: its listener's): the last one to go stops the listener."""
     with _listeners_lock:
-        listener, users = _listeners.get(address, (None, 0))
+        listener, users = _listeners.get(key, (None, 0))
         if listener is None:
             return
         if users > 1:
-            _listeners[address] = (listener, users - 1)
+            _listeners[key] = (listener, users - 1)
             return
-        del _listeners[address]
+        del _listeners[key]
     listener.close()

@@ -148,10 +148,14 @@ class InstanceRunner:
                 self.infer_func = instantiate(self.infer_func, self.context.device)
             finally:
                 reset_current_model(token)
-            if self._cancel_address:
+            if self._remote_token and self._routing_id:
+                # A remote instance hears its cancellations on its session's socket on the core's remote port.
+                session = self._routing_id.partition(b"/")[0].decode()
+                self._cancel = acquire_listener(self.address, self._remote_token, session)
+            elif self._cancel_address:
                 self._cancel = acquire_listener(self._cancel_address)
-                if not wait_synced(self._cancel, list(wake_fds)):
-                    return  # stopped (or the core died) while the subscription was being confirmed
+            if self._cancel is not None and not wait_synced(self._cancel, list(wake_fds)):
+                return  # stopped (or the core died) while the subscription was being confirmed
             socket.connect(self.address)
             hello = Hello.build(
                 self.spec.name,
@@ -221,7 +225,7 @@ class InstanceRunner:
                 on_ready("the instance stopped before the core accepted it")
             _teardown(self.infer_func, self.spec.name)
             if self._cancel is not None:
-                release_listener(self._cancel.address)
+                release_listener(self._cancel.key)
                 self._cancel = None
             if self._loop is not None:
                 self._loop.close()

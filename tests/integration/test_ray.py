@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import platform
+import socket
 import threading
 import time
 import urllib.request
@@ -53,6 +54,18 @@ def count_up(requests: list[Request]) -> Iterator[list[dict[str, np.ndarray]]]:
         yield [{"y": r["x"] + step} for r in requests]
 
 
+def wait_for_cancel(requests: list[Request]) -> list[dict[str, np.ndarray]]:
+    # Runs in the actor: says it started, then whether it saw its request cancelled, in files the test reads.
+    marker = str(requests[0].parameters["marker"])
+    open(marker + ".started", "w").close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not requests[0].is_cancelled:
+        time.sleep(0.005)
+    if requests[0].is_cancelled:
+        open(marker + ".cancelled", "w").close()
+    return [{"y": r["x"]} for r in requests]
+
+
 class Setup:
     """The factory form: ``setup(device)`` runs inside the actor, with the device Ray gave it."""
 
@@ -96,6 +109,7 @@ def server(local_ray: None) -> Iterator[Serve]:
         on_ray = ModelConfig(max_batch_size=0, worker="ray", ray_actor_options={"num_cpus": 0})
         serve.bind("ray_bls", calls_double, X, Y, config=on_ray)
         serve.bind("ray_stream", count_up, X, Y, config=dataclasses.replace(on_ray, decoupled=True))
+        serve.bind("ray_cancellable", wait_for_cancel, X, Y, config=on_ray)
         yield serve
 
 
@@ -142,6 +156,30 @@ def test_a_ray_instance_streams_a_decoupled_models_responses(server: Serve) -> N
         with DecoupledModelClient(url, "ray_stream") as client:
             got = [answer["y"].tolist() for answer in client.infer_sample(x=np.array([10], np.float32))]
         assert got == [[10.0], [11.0], [12.0]], url
+
+
+def test_a_running_request_on_an_actor_sees_its_client_go_away(server: Serve, tmp_path: Any) -> None:
+    marker = tmp_path / "request"
+    body = json.dumps(
+        {
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}],
+            "parameters": {"marker": str(marker)},
+        }
+    ).encode()
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as conn:
+        conn.sendall(
+            b"POST /v2/models/ray_cancellable/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+            + body
+        )
+        deadline = time.monotonic() + 20
+        while not os.path.exists(f"{marker}.started") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert os.path.exists(f"{marker}.started"), "the actor never ran the request"
+    # The connection is closed while the function runs in the actor: its request's flag must go up there.
+    deadline = time.monotonic() + 5
+    while not os.path.exists(f"{marker}.cancelled") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.path.exists(f"{marker}.cancelled"), "the actor's function never saw Request.is_cancelled"
 
 
 def test_ray_instances_are_reported_with_their_node(server: Serve) -> None:

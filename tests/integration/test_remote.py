@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -102,6 +103,36 @@ def test_bls_both_ways(server: Serve) -> None:
             np.testing.assert_array_equal(client.infer_sample(x=x)["y"], x * 2 + 1)
         with ModelClient(server.url, "local_calls_remote") as client:
             np.testing.assert_array_equal(client.infer_sample(x=x)["y"], x * 2 - 1)
+
+
+remote_started = threading.Event()
+remote_saw_cancel = threading.Event()
+
+
+def wait_for_cancel(requests: list[Request]) -> list[dict[str, np.ndarray]]:
+    remote_started.set()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not all(request.is_cancelled for request in requests):
+        time.sleep(0.005)
+    if all(request.is_cancelled for request in requests):
+        remote_saw_cancel.set()
+    return [{"y": request["x"]} for request in requests]
+
+
+def test_a_running_remote_request_sees_its_client_go_away(server: Serve) -> None:
+    # The cancel publisher is a socket on the server's host: a remote session hears cancellations on its own
+    # socket on the remote port instead.
+    with RemoteServe(server.url, token=TOKEN) as remote:
+        remote.bind("remote_cancellable", wait_for_cancel, X, Y, config=ModelConfig(max_batch_size=4))
+        body = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}]}'
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as conn:
+            conn.sendall(
+                b"POST /v2/models/remote_cancellable/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+                % len(body)
+                + body
+            )
+            assert remote_started.wait(10)
+        assert remote_saw_cancel.wait(5), "the remote function never saw Request.is_cancelled"
 
 
 def test_stop_detaches_the_models(server: Serve) -> None:
