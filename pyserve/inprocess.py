@@ -7,10 +7,15 @@ any request (batching, priorities, statistics, errors), and the outputs come bac
 Blocking calls borrow a channel from a pool for the length of the call (a stream: until it ends or is closed), so a
 threaded web server that starts a thread per connection or per request (Flask's) reuses a few sockets rather than
 opening one per thread it ever ran. ``async`` calls use one channel per event loop thread, watched by that loop.
+
+A channel's socket is used by one thread at a time (ZeroMQ sockets are not thread-safe), so ``close`` (the server
+stops) closes only the channels nobody holds; a borrowed one is told why and closed by its borrower when the call
+ends, an async one by its event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import threading
@@ -21,8 +26,11 @@ import numpy as np
 import zmq
 
 from pyserve.bls import AsyncResponses, Responses, single_response
+from pyserve.errors import ModelNotReadyError
 from pyserve.transport.shm import ShmPool, ShmReader
 from pyserve.worker.bls_channel import BlsCall, BlsChannel
+
+_STOPPED = "the server stopped: Serve.infer() needs a running Serve (run() or serve())"
 
 
 class LocalCaller:
@@ -36,16 +44,18 @@ class LocalCaller:
         self._local = threading.local()
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()
-        self._opened: list[tuple[zmq.Socket[Any], ShmPool, ShmReader]] = []
         self._idle: list[BlsChannel] = []  # the pool of blocking calls' channels
+        self._borrowed: set[BlsChannel] = set()
+        self._async: dict[BlsChannel, asyncio.AbstractEventLoop] = {}  # each thread's async channel, by its loop
         self._closed = False
 
     def channel(self) -> BlsChannel:
-        """This thread's channel to the core for async calls (made on first use)."""
+        """This thread's channel to the core for async calls (made on first use, on the running loop)."""
         channel: BlsChannel | None = getattr(self._local, "channel", None)
         if channel is None:
             with self._lock:
                 channel = self._open()
+                self._async[channel] = asyncio.get_running_loop()
             self._local.channel = channel
         return channel
 
@@ -53,39 +63,49 @@ class LocalCaller:
         """A channel for one blocking call (from the pool, or a new one); give it back with ``give_back``."""
         with self._lock:
             channel = self._idle.pop() if self._idle else self._open()
+            self._borrowed.add(channel)
         channel.adopt()
         return channel
 
     def give_back(self, channel: BlsChannel) -> None:
-        """A borrowed channel's call is over: it serves the next one."""
+        """A borrowed channel's call is over: it serves the next one (or, the server stopped, is closed)."""
         with self._lock:
+            self._borrowed.discard(channel)
             if not self._closed:
                 self._idle.append(channel)
+                return
+        channel.close()
 
     def _open(self) -> BlsChannel:
         """A new channel (the lock held)."""
         if self._closed:
-            raise RuntimeError("the server is stopped: Serve.infer() needs a running Serve (run() or serve())")
+            raise ModelNotReadyError(_STOPPED)
         socket: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, 0)
         socket.setsockopt(zmq.RCVHWM, 0)
         socket.connect(self._router)
         pool = ShmPool(f"{self._prefix}-local{next(self._numbers)}", self._pool_bytes)
-        reader = ShmReader()
-        self._opened.append((socket, pool, reader))
-        return BlsChannel(socket, pool, reader, self._threshold)
+        return BlsChannel(socket, pool, ShmReader(), self._threshold)
 
     def close(self) -> None:
-        """Close every thread's socket and pool (the server is stopping)."""
+        """The server is stopping: close the channels nobody holds now; calls under way fail with a clear error
+        (``ModelNotReadyError``) and their channels are closed by the threads that hold them."""
         with self._lock:
             self._closed = True
-            opened, self._opened = self._opened, []
-            self._idle.clear()
-        for socket, pool, reader in opened:
-            socket.close(linger=0)
-            reader.close()
-            pool.close()
+            idle, self._idle = self._idle, []
+            borrowed = list(self._borrowed)
+            async_channels, self._async = self._async, {}
+        for channel in borrowed:
+            channel.stop_reason = _STOPPED  # its call fails within one poll interval, and give_back closes it
+        for channel in idle:
+            channel.close()
+        for channel, loop in async_channels.items():
+            channel.stop_reason = _STOPPED
+            try:
+                loop.call_soon_threadsafe(channel.close)
+            except RuntimeError:  # the loop is closed: no coroutine can be using the channel
+                channel.close()
 
     # calls ----------------------------------------------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from pyserve.errors import (
     DeadlockError,
     InferenceError,
     InvalidInputError,
+    ModelNotReadyError,
     RequestTimeoutError,
     UnsupportedError,
 )
@@ -108,6 +109,9 @@ class BlsBroker:
         self._calls: dict[tuple[bytes, int], _Call] = {}
         # Sockets of the Serve process that made calls (Serve.infer): answered like instances, never deadlocked.
         self._local_callers: set[bytes] = set()
+        # The server is draining (graceful shutdown): calls from instances still run (the requests in flight need
+        # them), new calls from the Serve process (Serve.infer) are refused like any new request.
+        self.draining = False
         self._leases: dict[tuple[bytes, int], Callable[[], None]] = {}
         self._next_lease = 0
         ensembles.deadlock_check = self.check_step
@@ -145,6 +149,9 @@ class BlsBroker:
             # Not an instance: a local caller in the Serve process (Serve.infer), answered the same way.
             self._local_callers.add(identity)
             call = _Call(identity, message.call_id, None, "")
+            if self.draining:
+                self._send_error(call, ModelNotReadyError("the server is shutting down: it takes no new requests"))
+                return
         else:
             call = _Call(identity, message.call_id, known[0], known[1].name)
         caller = call.caller

@@ -299,6 +299,7 @@ class CoreServer:
         """Take no new requests (front ends get ModelNotReadyError: 503 / UNAVAILABLE) and report not ready; what
         was accepted goes on, BLS calls and ensemble steps included."""
         self.workers.draining = True
+        self.bls.draining = True
 
         def refuse(request: InferenceRequest) -> None:
             raise ModelNotReadyError("the server is shutting down: it takes no new requests")

@@ -81,6 +81,10 @@ class BlsChannel:
         self._should_stop: Callable[[], bool] = lambda: False
         self.deferred: deque[list[Any]] = deque()  # messages for the instance loop, read while a call waited
         self.stopping = False
+        # Set by the in-process caller when its server stops (pyserve.inprocess): a waiting call fails with it, and
+        # once the channel is closed every use does, instead of touching a closed socket.
+        self.stop_reason = ""
+        self.closed = False
 
     # the instance loop's side -----------------------------------------------------------------------------------
 
@@ -126,6 +130,7 @@ class BlsChannel:
         stream: bool,
     ) -> BlsCall:
         """Send a call to the core."""
+        self._check_open()
         if threading.get_ident() != self._thread:
             raise RuntimeError("pyserve BLS calls must be made from the thread running the infer function")
         if not isinstance(model, str) or not model:
@@ -179,6 +184,7 @@ class BlsChannel:
 
     def wait(self, call: BlsCall) -> None:
         """Block until the call has a response or has ended."""
+        self._check_open()
         while not call.responses and not call.final:
             self._check(call)
             if self._socket.poll(self._poll_ms(call), zmq.POLLIN):
@@ -187,6 +193,7 @@ class BlsChannel:
     async def wait_async(self, call: BlsCall) -> None:
         """Wait on the running event loop until the call has a response or has ended."""
         loop = asyncio.get_running_loop()
+        self._check_open()
         if self._loop is not loop:
             loop.add_reader(self._socket.fileno(), self._drain)
             self._loop = loop
@@ -202,10 +209,32 @@ class BlsChannel:
 
     def abandon(self, call: BlsCall) -> None:
         """The caller no longer waits for this call: withdraw it (its later replies are dropped)."""
-        if self._calls.pop(call.call_id, None) is not None and not call.final:
+        if self._calls.pop(call.call_id, None) is not None and not call.final and not self.closed:
             self._socket.send(pack_header(BlsCancel.build(call.call_id)))
         call.final = True
-        self._free_inputs(call)
+        if not self.closed:
+            self._free_inputs(call)
+
+    def close(self) -> None:
+        """Close the socket, the pool and the reader (by the thread that uses the channel); later use raises."""
+        if self.closed:
+            return
+        self.closed = True
+        self.stopping = True
+        if self._loop is not None:
+            if not self._loop.is_closed():
+                self._loop.remove_reader(self._socket.fileno())
+            self._loop = None
+        for call in self._calls.values():
+            if call.waiter is not None and not call.waiter.done():
+                call.waiter.set_result(None)  # the waiting coroutine wakes and fails with stop_reason
+        self._socket.close(linger=0)
+        self._reader.close()
+        self._pool.close()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ModelNotReadyError(self.stop_reason or "the channel to the core is closed")
 
     # internals --------------------------------------------------------------------------------------------------
 
@@ -217,8 +246,12 @@ class BlsChannel:
     def _check(self, call: BlsCall) -> None:
         """Give up a call whose caller is cancelled, whose instance is stopping or whose timeout has passed."""
         error: InferenceError | None = None
-        if self._flags and all(flag.is_set() for flag in self._flags):
+        if self.closed:
+            error = ModelNotReadyError(f"call to model '{call.model}': {self.stop_reason or 'the channel is closed'}")
+        elif self._flags and all(flag.is_set() for flag in self._flags):
             error = CancelledError(f"BLS call to model '{call.model}': the request that made it was cancelled")
+        elif self.stop_reason:
+            error = ModelNotReadyError(f"call to model '{call.model}': {self.stop_reason}")
         elif self.stopping or self._should_stop():
             error = ModelNotReadyError(f"BLS call to model '{call.model}': the instance is stopping")
         elif call.deadline and time.monotonic() >= call.deadline:
@@ -229,7 +262,7 @@ class BlsChannel:
 
     def _drain(self) -> None:
         socket = self._socket
-        while int(socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        while not self.closed and int(socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
             header = unpack_header(frames[0].buffer)
             kind = kind_of(header)

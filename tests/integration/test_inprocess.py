@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from pyserve.errors import (
     InvalidInputError,
     ModelExecutionError,
     ModelNotFoundError,
+    ModelNotReadyError,
     RequestTimeoutError,
     ServerError,
 )
@@ -124,3 +127,67 @@ def test_infer_needs_a_running_server_and_works_again_after_a_restart() -> None:
             np.testing.assert_array_equal(s.infer("identity", {"INPUT0": X})["OUTPUT0"], X)
         with pytest.raises(ServerError):
             s.infer("identity", {"INPUT0": X})
+
+
+def test_stop_while_threads_and_event_loops_keep_calling() -> None:
+    # Callers that keep calling while the server stops: the drain refuses their new calls (it used to wait out its
+    # whole timeout while they kept it busy), calls under way fail with a clear error, and no caller's socket is
+    # closed under it by the stopping thread ("Socket operation on non-socket").
+    s = Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0, exit_timeout_s=20))
+    s.bind("identity", identity, inputs=[fp32("INPUT0")], outputs=[fp32("OUTPUT0")], config=ModelConfig(8))
+    s.run()
+    stop = threading.Event()
+    unexpected: list[BaseException] = []
+    answered = [0]
+    one = np.ones((1, 4), np.float32)
+
+    def outcome(call: Callable[[], Any]) -> None:
+        try:
+            call()
+            answered[0] += 1
+        except (ModelNotReadyError, ServerError):
+            pass  # "the server is shutting down" / "stopped" / "needs a running server"
+        except BaseException as exc:
+            unexpected.append(exc)
+
+    def blocking() -> None:
+        while not stop.is_set():
+            outcome(lambda: s.infer("identity", {"INPUT0": one}))
+
+    def looping() -> None:
+        async def caller() -> None:
+            while not stop.is_set():
+                try:
+                    await s.ainfer("identity", {"INPUT0": one})
+                    answered[0] += 1
+                except (ModelNotReadyError, ServerError):
+                    await asyncio.sleep(0.001)
+                except BaseException as exc:
+                    unexpected.append(exc)
+
+        async def callers() -> None:
+            await asyncio.gather(*(caller() for _ in range(3)))
+
+        asyncio.run(callers())
+
+    threads = [threading.Thread(target=blocking) for _ in range(6)]
+    threads += [threading.Thread(target=looping) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while answered[0] < 200 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert answered[0] >= 200
+        started = time.monotonic()
+        s.stop()
+        took = time.monotonic() - started
+        time.sleep(0.2)  # the callers go on against the stopped server
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(15)
+        s.stop()
+    assert not any(thread.is_alive() for thread in threads), "a caller hangs"
+    assert not unexpected, unexpected[:3]
+    assert took < 10, f"stop() took {took:.1f} s: the drain waited on calls that kept coming"
