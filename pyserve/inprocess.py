@@ -46,16 +46,20 @@ class LocalCaller:
         self._lock = threading.Lock()
         self._idle: list[BlsChannel] = []  # the pool of blocking calls' channels
         self._borrowed: set[BlsChannel] = set()
-        self._async: dict[BlsChannel, asyncio.AbstractEventLoop] = {}  # each thread's async channel, by its loop
+        self._async: dict[BlsChannel, asyncio.AbstractEventLoop | None] = {}  # each thread's async channel, its loop
         self._closed = False
 
     def channel(self) -> BlsChannel:
         """This thread's channel to the core for async calls (made on first use, on the running loop)."""
         channel: BlsChannel | None = getattr(self._local, "channel", None)
         if channel is None:
+            try:
+                loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+            except RuntimeError:  # ainfer_stream() made outside a coroutine, to be iterated on a loop later
+                loop = None
             with self._lock:
                 channel = self._open()
-                self._async[channel] = asyncio.get_running_loop()
+                self._async[channel] = loop
             self._local.channel = channel
         return channel
 
@@ -102,9 +106,12 @@ class LocalCaller:
             channel.close()
         for channel, loop in async_channels.items():
             channel.stop_reason = _STOPPED
+            loop = channel.loop or loop
             try:
+                if loop is None:
+                    raise RuntimeError("never used on a loop")
                 loop.call_soon_threadsafe(channel.close)
-            except RuntimeError:  # the loop is closed: no coroutine can be using the channel
+            except RuntimeError:  # no loop, or a closed one: no coroutine can be using the channel
                 channel.close()
 
     # calls ----------------------------------------------------------------------------------------------------------

@@ -215,6 +215,11 @@ class BlsChannel:
         if not self.closed:
             self._free_inputs(call)
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop watching the socket (async calls), if any."""
+        return self._loop
+
     def close(self) -> None:
         """Close the socket, the pool and the reader (by the thread that uses the channel); later use raises."""
         if self.closed:
