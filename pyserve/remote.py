@@ -69,9 +69,9 @@ class RemoteServe:
 
     ``token`` defaults to ``PYSERVE_REMOTE_TOKEN``; ``tls`` says whom to trust when ``url`` is an ``https://`` one
     (the remote port itself is encrypted and authenticated with the token, whatever the HTTP port serves).
-    ``config`` supplies the instances' settings (``debug_errors``, ``startup_timeout_s``, ``model_load_timeout_s``);
-    its addresses are not used. Models run as thread instances of this process (``ModelConfig.instances`` threads,
-    or one per callable in a list).
+    ``config`` supplies the instances' settings (``debug_errors``, ``startup_timeout_s``, ``model_load_timeout_s``,
+    and ``exit_timeout_s``: how long ``stop()`` lets requests already accepted finish); its addresses are not used.
+    Models run as thread instances of this process (``ModelConfig.instances`` threads, or one per callable in a list).
     """
 
     def __init__(
@@ -167,15 +167,19 @@ class RemoteServe:
             self.stop()
 
     def stop(self) -> None:
-        """Unload this process's models from the server (detach), stop their instances. Idempotent."""
+        """Detach gracefully: the server takes no new requests for this process's models, those it accepted finish
+        here (at most ``config.exit_timeout_s``), then the instances stop. Idempotent."""
         control = self._control
         if control is None:
             return
+        drain_s = self.config.exit_timeout_s
         for model in self._models.values():
             if model.loaded:
                 spec = model.spec
                 try:
-                    control.request(partial(Unload.build, spec.name, spec.version), _DETACH_TIMEOUT_S)
+                    control.request(
+                        partial(Unload.build, spec.name, spec.version, drain_s=drain_s), drain_s + _DETACH_TIMEOUT_S
+                    )
                 except ServerError as exc:
                     logger.warning("could not unload model '%s' from %s: %s", spec.name, self.address, exc)
                 model.loaded = False

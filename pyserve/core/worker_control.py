@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from functools import partial
 
 from pyserve.config import ModelSpec, ServeConfig, WorkerKind
 from pyserve.core.batches import BatchesInFlight, Send
@@ -232,11 +233,28 @@ class WorkerControl:
 
     def _on_unload(self, identity: bytes, header: Header) -> None:
         message = Unload(header)
-        loaded = self._remote_models.get(identity)
-        if loaded is not None:
+        if is_remote(identity):
+            # A peer detaches what it attached, nothing else: the server's own models and other peers' are not its.
+            loaded = self._remote_models.get(identity, set())
+            if (message.name, message.version) not in loaded:
+                refusal = (
+                    f"a remote peer may unload only the models it attached: model '{message.name}' version "
+                    f"{message.version} is not one of them"
+                )
+                self._send(identity, ControlReply.build_error(message.request_id, refusal), None)
+                return
             loaded.discard((message.name, message.version))
+        reply = ControlReply.build_ok(message.request_id)
+        if message.drain_s:
+            # A graceful detach (RemoteServe.stop): no new requests; what was accepted finishes on the instances,
+            # which the peer keeps running until this reply.
+            entry = self.registry.remove(message.name, message.version)
+            if entry is not None:
+                done = partial(self._send, identity, reply, None)
+                self.retire(entry, "it was unloaded", done, timeout_s=message.drain_s)
+                return
         self.unload(message.name, message.version, "it was unloaded")
-        self._send(identity, ControlReply.build_ok(message.request_id), None)
+        self._send(identity, reply, None)
 
     def unload(self, name: str, version: int, why: str) -> None:
         """Stop serving a model version at once: its queued requests fail, its instances are told to stop."""
@@ -265,14 +283,16 @@ class WorkerControl:
             self._stop_entry(entry, why)
             done(why)
 
-    def retire(self, entry: ModelEntry, why: str, done: Callable[[], None] | None = None) -> None:
+    def retire(
+        self, entry: ModelEntry, why: str, done: Callable[[], None] | None = None, timeout_s: float = RETIRE_TIMEOUT_S
+    ) -> None:
         """Stop serving a model version once what it already accepted is answered.
 
         The entry is no longer in the registry (new requests go elsewhere or are refused); its queue and the batches
-        on its instances finish, then its instances stop. After ``RETIRE_TIMEOUT_S`` what is left fails.
+        on its instances finish, then its instances stop. After ``timeout_s`` what is left fails.
         """
         assert self._loop is not None
-        deadline = self._loop.time() + RETIRE_TIMEOUT_S
+        deadline = self._loop.time() + timeout_s
 
         def check() -> None:
             assert self._loop is not None

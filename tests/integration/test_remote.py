@@ -30,7 +30,7 @@ from pyserve.client import ModelClient
 from pyserve.errors import ConfigError, ModelNotFoundError, ServerError
 from pyserve.transport.curve import TOKEN_ENV, secure_client
 from pyserve.transport.messages import pack_header, unpack_header
-from pyserve.transport.protocol import BatchResult, ControlReply, Load, Shutdown
+from pyserve.transport.protocol import BatchResult, ControlReply, Load, Shutdown, Unload
 
 pytestmark = pytest.mark.integration
 
@@ -135,6 +135,66 @@ def test_a_running_remote_request_sees_its_client_go_away(server: Serve) -> None
         assert remote_saw_cancel.wait(5), "the remote function never saw Request.is_cancelled"
 
 
+def slow_double(requests: list[Request]) -> list[dict[str, np.ndarray]]:
+    remote_started.set()
+    time.sleep(float(requests[0].parameters.get("sleep", 0.5)))
+    return [{"y": request["x"] * 2} for request in requests]
+
+
+def _infer_in_threads(server: Serve, count: int, sleep: float) -> tuple[list[threading.Thread], list[Any]]:
+    outcomes: list[Any] = []
+
+    def call() -> None:
+        try:
+            with ModelClient(server.url, "remote_slow", inference_timeout_s=30) as client:
+                outcomes.append(client.infer_sample(x=np.ones(2, np.float32), parameters={"sleep": sleep})["y"])
+        except Exception as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads, outcomes
+
+
+def test_stop_lets_the_requests_in_flight_finish(server: Serve) -> None:
+    # A graceful detach, as Triton unloads: no new requests, what was accepted finishes on the peer, then it goes.
+    remote_started.clear()
+    remote = RemoteServe(server.url, token=TOKEN)
+    remote.bind("remote_slow", slow_double, X, Y, config=ModelConfig(max_batch_size=0, instances=2))
+    remote.run()
+    threads, outcomes = _infer_in_threads(server, 4, 0.5)
+    assert remote_started.wait(10)
+    time.sleep(0.1)  # all four accepted: two running, two queued
+    remote.stop()
+    for thread in threads:
+        thread.join(30)
+    assert len(outcomes) == 4 and all(isinstance(y, np.ndarray) for y in outcomes), outcomes
+    assert all(y.tolist() == [2, 2] for y in outcomes)
+    with pytest.raises(ModelNotFoundError), ModelClient(server.url, "remote_slow", init_timeout_s=2) as client:
+        client.infer_sample(x=np.ones(2, np.float32))
+
+
+def test_stop_waits_for_requests_in_flight_at_most_exit_timeout_s(server: Serve) -> None:
+    remote_started.clear()
+    config = ServeConfig(exit_timeout_s=0.5)
+    remote = RemoteServe(server.url, token=TOKEN, config=config)
+    remote.bind("remote_slow", slow_double, X, Y, config=ModelConfig(max_batch_size=0))
+    remote.run()
+    threads, outcomes = _infer_in_threads(server, 1, 3.0)
+    assert remote_started.wait(10)
+    started = time.monotonic()
+    stopping = threading.Thread(target=remote.stop)  # returns once the thread running the 3 s call is done
+    stopping.start()
+    for thread in threads:
+        thread.join(30)
+    # The drain gave up after 0.5 s: the client has its answer well before the 3 s call ends.
+    assert time.monotonic() - started < 2.5
+    assert len(outcomes) == 1 and "unloaded" in str(outcomes[0]), outcomes
+    stopping.join(30)
+    assert not stopping.is_alive()
+
+
 def test_stop_detaches_the_models(server: Serve) -> None:
     remote = RemoteServe(server.url, token=TOKEN)
     remote.bind("remote_double", double, X, Y, config=ModelConfig(max_batch_size=8))
@@ -221,6 +281,10 @@ def test_a_peer_may_not_ship_functions_or_stop_the_core(server: Serve) -> None:
         socket.send(pack_header(Shutdown.build(8)))
         reply = _reply(socket)
         assert reply.request_id == 8 and reply.error is not None and "may not send 'shutdown'" in reply.error
+        # Nor unload a model it did not attach (the server's own one here).
+        socket.send(pack_header(Unload.build("local_double", 1, 9)))
+        reply = _reply(socket)
+        assert reply.request_id == 9 and reply.error is not None and "only the models it attached" in reply.error
         # A result pointing into shared memory is dropped: the core never opens a segment a peer names.
         socket.send(pack_header(BatchResult.build_final(1, [[["y", "FP32", [1], ["/etc-passwd", 4]]]], [], [0, 0, 0])))
     finally:

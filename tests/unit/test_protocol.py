@@ -309,4 +309,4 @@ def test_the_check_sees_a_message_made_by_hand(tmp_path: Path, source: str, what
 
 def test_a_reader_shows_its_fields() -> None:
     assert repr(FreeSlots(FreeSlots.build(["s"]))) == "FreeSlots(slots=['s'])"
-    assert repr(Unload(Unload.build("m", 2, 4))) == "Unload(name='m', version=2, request_id=4)"
+    assert repr(Unload(Unload.build("m", 2, 4))) == "Unload(drain_s=0.0, name='m', version=2, request_id=4)"

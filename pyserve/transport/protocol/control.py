@@ -70,23 +70,31 @@ class LoadEnsemble(ControlRequest):
 
 
 class Unload(ControlRequest):
-    """Serve -> core: unload a model version (its queued requests fail, its instances stop)."""
+    """Serve -> core: unload a model version. At once (``drain_s`` 0: its queued requests fail, its instances stop),
+    or gracefully: it takes no new requests, what it accepted finishes (at most ``drain_s``), then its instances stop
+    and the reply comes."""
 
-    __slots__ = ("name", "version")
+    __slots__ = ("drain_s", "name", "version")
     KIND = MessageKind.UNLOAD
 
     name: str
     version: int
+    drain_s: float
 
     def __init__(self, header: Header) -> None:
         super().__init__(header)
         self.name = header["name"]
         self.version = header["version"]
+        drain_s = header.get("drain", 0.0)
+        self.drain_s = float(drain_s) if isinstance(drain_s, (int, float)) and drain_s > 0 else 0.0
 
     @staticmethod
-    def build(name: str, version: int, request_id: int) -> Header:
+    def build(name: str, version: int, request_id: int, drain_s: float = 0.0) -> Header:
         """The message (fields: see the class)."""
-        return {"t": "unload", "name": name, "version": version, "rid": request_id}
+        header: Header = {"t": "unload", "name": name, "version": version, "rid": request_id}
+        if drain_s > 0:
+            header["drain"] = drain_s
+        return header
 
 
 class Serving(ControlRequest):
