@@ -47,6 +47,7 @@ REMOTE_PATH = "/v2/pyserve/remote"
 """The HTTP path where a server names its remote port: ``{"address": "tcp://host:port"}``."""
 
 _DETACH_TIMEOUT_S = 5.0
+_MONITOR_POLL_MS = 200  # how often serve() looks whether stop() was called
 _HANDSHAKE_EVENTS = (
     zmq.EVENT_HANDSHAKE_SUCCEEDED
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
@@ -95,6 +96,10 @@ class RemoteServe:
         self._models: dict[tuple[str, int], _RemoteModel] = {}
         self._control: ControlChannel | None = None
         self._monitor: zmq.Socket[Any] | None = None
+        # serve() polls the monitor in one thread while stop() may come from another: the socket is closed only
+        # between polls (ZeroMQ sockets are not thread-safe).
+        self._monitor_lock = threading.Lock()
+        self._stop_lock = threading.Lock()
         self._stop_event = threading.Event()
         self._session = f"pyserve-remote-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._threads = ThreadInstances(self._stop_event, self._session)
@@ -168,7 +173,12 @@ class RemoteServe:
 
     def stop(self) -> None:
         """Detach gracefully: the server takes no new requests for this process's models, those it accepted finish
-        here (at most ``config.exit_timeout_s``), then the instances stop. Idempotent."""
+        here (at most ``config.exit_timeout_s``), then the instances stop. Idempotent, and safe from any thread
+        (``serve()`` in one, ``stop()`` from another)."""
+        with self._stop_lock:
+            self._stop()
+
+    def _stop(self) -> None:
         control = self._control
         if control is None:
             return
@@ -189,9 +199,10 @@ class RemoteServe:
         if self._pinger is not None:
             self._pinger.join()
             self._pinger = None
-        if self._monitor is not None:
-            self._monitor.close(linger=0)
-            self._monitor = None
+        with self._monitor_lock:
+            if self._monitor is not None:
+                self._monitor.close(linger=0)
+                self._monitor = None
         control.close()
         self._control = None
 
@@ -246,11 +257,12 @@ class RemoteServe:
     def _wait_disconnected(self) -> None:
         """Block until the control connection closes (the server stopped or went away) or ``stop()``."""
         while not self._stop_event.is_set():
-            monitor = self._monitor
-            if monitor is None:
-                return
-            if monitor.poll(500) and recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED:
-                return
+            with self._monitor_lock:
+                monitor = self._monitor
+                if monitor is None:
+                    return
+                if monitor.poll(_MONITOR_POLL_MS) and recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED:
+                    return
 
     def _load(self, model: _RemoteModel) -> None:
         assert self._control is not None

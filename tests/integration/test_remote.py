@@ -195,6 +195,32 @@ def test_stop_waits_for_requests_in_flight_at_most_exit_timeout_s(server: Serve)
     assert not stopping.is_alive()
 
 
+def test_serve_in_a_thread_and_stop_from_another(server: Serve) -> None:
+    # PyTriton's pattern: serve() blocks in a thread, stop() comes from elsewhere; the monitor serve() polls is
+    # closed only between its polls, and the two stop() calls (the caller's and serve()'s own) do not overlap.
+    errors: list[BaseException] = []
+    for _ in range(3):
+        remote = RemoteServe(server.url, token=TOKEN)
+        remote.bind("remote_double", double, X, Y, config=ModelConfig(max_batch_size=8))
+
+        def serve(remote: RemoteServe = remote) -> None:
+            try:
+                remote.serve()
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        deadline = time.monotonic() + 20
+        while not remote.is_running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with ModelClient(server.url, "remote_double", init_timeout_s=10) as client:
+            assert client.infer_sample(x=np.ones(1, np.float32))["y"].tolist() == [2]
+        remote.stop()
+        thread.join(20)
+        assert not thread.is_alive() and not errors, errors
+
+
 def test_stop_detaches_the_models(server: Serve) -> None:
     remote = RemoteServe(server.url, token=TOKEN)
     remote.bind("remote_double", double, X, Y, config=ModelConfig(max_batch_size=8))
