@@ -259,8 +259,8 @@ class BatchesInFlight:
                     respond(request, InferenceResponse([], final=True))
             if final:
                 timings = result.timings
-                stats.record_execution(pending.rows, len(pending.requests), timings[0], timings[1], timings[2])
-                stats.record_successes(pending.requests, pending.dispatched_ns, now, timings)
+                succeeded = stats.record_successes(pending.requests, pending.dispatched_ns, now, timings)
+                stats.record_execution(pending.rows, succeeded, timings[0], timings[1], timings[2])
             if lease is not None:
                 lease.drop()
 

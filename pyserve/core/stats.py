@@ -131,7 +131,8 @@ class ModelStats:
     latency: LatencyObserver | None = None
 
     def record_execution(self, batch_size: int, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
-        """A successful execution of ``requests`` requests totalling ``batch_size`` rows."""
+        """A successful execution totalling ``batch_size`` rows, of which ``requests`` requests succeeded (as in
+        Triton, compute counts only those: a request cancelled while its batch ran counts as a failure alone)."""
         self.execution_count += 1
         self.inference_count += batch_size
         self.last_inference_ms = time.time_ns() // 1_000_000
@@ -158,9 +159,11 @@ class ModelStats:
 
     def record_successes(
         self, requests: Iterable[CountedRequest], dispatched_ns: int, now_ns: int, timings: list[int]
-    ) -> None:
-        """The requests of a finished execution: each succeeded, or failed as CANCELED if its client left."""
+    ) -> int:
+        """The requests of a finished execution: each succeeded, or failed as CANCELED if its client left. Returns
+        how many succeeded."""
         queue, success, latency = self.queue, self.success, self.latency
+        succeeded = 0
         for request in requests:
             if request.cancelled:
                 self.record_failure(CANCELED, now_ns - request.arrival_ns)
@@ -172,8 +175,10 @@ class ModelStats:
             request_ns = now_ns - request.arrival_ns
             queue.add(queue_ns)
             success.add(request_ns)
+            succeeded += 1
             if latency is not None:
                 latency.request(queue_ns, request_ns, timings[0], timings[1], timings[2])
+        return succeeded
 
     def record_response(self, request: CountedRequest, outcome: str, timings: list[int] | None, now_ns: int) -> None:
         """The next response of a decoupled request, by response index (Triton's response_stats).

@@ -229,6 +229,20 @@ def test_a_running_request_sees_its_client_go_away() -> None:
             assert started.wait(10)
         # The connection is closed while the function runs: its request's flag must go up.
         assert observed_cancel.wait(5), "the running function never saw Request.is_cancelled"
+        # Counted as Triton counts it: a failure, and no success, queue or compute for that request.
+        client = triton_http.InferenceServerClient(f"127.0.0.1:{serve.http_port}")
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                (entry,) = client.get_inference_statistics("cancellable")["model_stats"]
+                if entry["inference_stats"]["fail"]["count"]:
+                    break
+                time.sleep(0.05)
+        finally:
+            client.close()
+        stats = entry["inference_stats"]
+        assert stats["fail"]["count"] == 1 and stats["success"]["count"] == 0, stats
+        assert stats["queue"]["count"] == 0 and stats["compute_infer"]["count"] == 0, stats
 
 
 def test_an_instance_is_ready_only_once_its_cancel_subscription_is_in_place() -> None:
