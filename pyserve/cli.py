@@ -45,6 +45,7 @@ _SERVER_OPTIONS = (
     "remote_host",
     "remote_advertise",
     "exit_timeout_s",
+    "model_load_thread_count",
     "routes_port",
     "dashboard",
     "http_restricted_api",
@@ -114,6 +115,12 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
         type=float,
         metavar="N",
         help="on SIGTERM, how long requests in flight may take to finish (tritonserver's flag; default 30)",
+    )
+    parser.add_argument(
+        "--model-load-thread-count",
+        type=int,
+        metavar="N",
+        help="how many models load at once at start (tritonserver's flag; default 4)",
     )
     _add_access_options(parser)
     group = parser.add_argument_group(

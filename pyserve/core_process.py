@@ -8,6 +8,7 @@ and removes its socket directory.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -18,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -117,6 +118,10 @@ class CoreProcess:
         self.remote_address = ""
         self._process: subprocess.Popen[bytes] | None = None
         self._control: ControlChannel | None = None
+        # Channels of their own for requests made beside others (Serve loads its models concurrently): closed by
+        # stop() with the main one.
+        self._channels: set[ControlChannel] = set()
+        self._channels_lock = threading.Lock()
         self._runtime_dir: str | None = None
 
     def start(self) -> None:
@@ -199,6 +204,24 @@ class CoreProcess:
             raise ServerError("the core process is stopped")
         return control.request(build, timeout_s)
 
+    @contextlib.contextmanager
+    def channel(self) -> Iterator[ControlChannel]:
+        """A control channel of its own (a socket: one per concurrent requester), closed on exit or by ``stop()``."""
+        channel = ControlChannel(self.router_address, "the core process")
+        with self._channels_lock:
+            stopped = self._control is None
+            if not stopped:
+                self._channels.add(channel)
+        if stopped:
+            channel.close()
+            raise ServerError("the core process is stopped")
+        try:
+            yield channel
+        finally:
+            with self._channels_lock:
+                self._channels.discard(channel)
+            channel.close()
+
     @property
     def pid(self) -> int:
         """The core's process id (0 before start)."""
@@ -244,9 +267,11 @@ class CoreProcess:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        if self._control is not None:
-            self._control.close()
-            self._control = None
+        with self._channels_lock:
+            control, self._control = self._control, None
+            channels, self._channels = self._channels, set()
+        for channel in [*channels, *([control] if control is not None else [])]:
+            channel.close()  # a request waiting on it in another thread fails with ServerError
         if self._runtime_dir is not None:
             shutil.rmtree(self._runtime_dir, ignore_errors=True)
             self._runtime_dir = None

@@ -18,6 +18,7 @@ import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -27,7 +28,7 @@ import numpy as np
 
 from pyserve.config import ModelConfig, ModelSpec, ServeConfig, Tensor, WorkerKind, as_tensors
 from pyserve.core.supervisor import describe_exit
-from pyserve.core_process import CoreProcess
+from pyserve.core_process import ControlChannel, CoreProcess
 from pyserve.ensemble import EnsembleSpec, Step, check_models, spec_lookup
 from pyserve.errors import ConfigError, ModelAlreadyBoundError, PyServeError, ServerError
 from pyserve.inprocess import LocalCaller
@@ -286,9 +287,7 @@ class Serve:
             self._start_core()
             atexit.register(self.stop)
             self._routes.listen()  # answering 503 until the models below are loaded
-        for bound in list(self._models.values()):
-            if not bound.loaded:
-                self._load(bound)
+        self._load_all([bound for bound in self._models.values() if not bound.loaded])
         for key, ensemble in list(self._ensembles.items()):
             if key not in self._loaded_ensembles:
                 self._load_ensemble(ensemble)
@@ -512,20 +511,48 @@ class Serve:
             raise ServerError("the server is not running: call run() (or use `with Serve() as s:`) first")
         return self._core
 
-    def _load(self, bound: _BoundModel) -> None:
+    def _load_all(self, pending: list[_BoundModel]) -> None:
+        """Load models bound before start, ``model_load_thread_count`` at a time (each over a control channel of
+        its own), Ray ones after, one by one; raises the first failure once every load has ended."""
+        side_by_side = [bound for bound in pending if bound.spec.config.worker is not WorkerKind.RAY]
+        workers = min(self.config.model_load_thread_count, len(side_by_side))
+        if workers <= 1:
+            for bound in pending:
+                self._load(bound)
+            return
+        core = self._core_process()
+
+        def load(bound: _BoundModel) -> None:
+            with core.channel() as channel:
+                self._load(bound, channel)
+
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="pyserve-load")
+        try:
+            futures = [pool.submit(load, bound) for bound in side_by_side]
+            errors = [error for error in (future.exception() for future in futures) if error is not None]
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)  # Ctrl+C: stop() closes the channels of those under way
+            raise
+        pool.shutdown()
+        if errors:
+            raise errors[0]
+        for bound in pending:
+            if not bound.loaded:
+                self._load(bound)
+
+    def _load(self, bound: _BoundModel, control: ControlChannel | None = None) -> None:
         spec = bound.spec
+        requests = control if control is not None else self._core_process()
         if bound.payload is not None:
             # Process instances: the core spawns and supervises them; it answers once all are connected.
             payload = bound.payload
-            reply = self._core_process().request(
-                lambda rid: Load.build(spec, rid, payload), self.config.model_load_timeout_s
-            )
+            reply = requests.request(lambda rid: Load.build(spec, rid, payload), self.config.model_load_timeout_s)
             if reply.error is not None:
                 raise ServerError(reply.error)
             bound.loaded = True
             return
         core = self._core_process()
-        reply = core.request(lambda request_id: Load.build(spec, request_id))
+        reply = requests.request(lambda request_id: Load.build(spec, request_id))
         if reply.error is not None:
             raise ConfigError(reply.error)
         if spec.config.worker is WorkerKind.RAY:

@@ -111,6 +111,10 @@ class ServeConfig:
     are served (uvicorn in the ``Serve`` process; 0 picks a free port; nothing listens while no route is declared).
     ``dashboard`` False turns off the status page the HTTP port serves at ``/dashboard``.
 
+    Loading: the models bound before ``run()`` and the repository's models loaded at start load
+    ``model_load_thread_count`` at a time (tritonserver's ``--model-load-thread-count``, 4): their processes start
+    and their ``setup()`` runs side by side. ``model_load_timeout_s`` bounds one model's load.
+
     Shutdown: on SIGTERM (or ``Serve.stop()``) the server takes no new requests (503 / UNAVAILABLE, not ready) and
     lets those in flight finish for up to ``exit_timeout_s`` (tritonserver's ``--exit-timeout-secs``, 30 s), then
     fails what is left and exits.
@@ -136,6 +140,7 @@ class ServeConfig:
     transport: str = "ipc"
     startup_timeout_s: float = 30.0
     model_load_timeout_s: float = 300.0
+    model_load_thread_count: int = 4
     metrics_summaries: bool = False
     metrics_histograms: bool = False
     response_cache_bytes: int = 0
@@ -194,6 +199,8 @@ class ServeConfig:
             raise ConfigError(f"transport must be 'ipc' or 'tcp', got {self.transport!r}")
         if not -1 <= self.remote_port <= 65535:
             raise ConfigError(f"remote_port must be -1 (off) or in 0..65535, got {self.remote_port}")
+        if self.model_load_thread_count < 1:
+            raise ConfigError(f"model_load_thread_count must be >= 1, got {self.model_load_thread_count}")
         if self.exit_timeout_s < 0:
             raise ConfigError(f"exit_timeout_s must be >= 0, got {self.exit_timeout_s}")
         if self.remote_peer_timeout_s < 2:

@@ -48,6 +48,7 @@ class ThreadInstances:
         self._session = session
         self._threads: list[threading.Thread] = []
         self._wake_pipe: tuple[int, int] | None = None
+        self._pipe_lock = threading.Lock()  # models may be started from several threads at once (Serve.run)
         # The read end of a pipe whose write end wake() closed: join() closes it once no thread polls it.
         self._woken_fd: int | None = None
 
@@ -104,7 +105,8 @@ class ThreadInstances:
 
     def wake(self) -> None:
         """Wake every instance (end-of-file on the pipe's read end) so it sees the stop event set."""
-        pipe, self._wake_pipe = self._wake_pipe, None
+        with self._pipe_lock:
+            pipe, self._wake_pipe = self._wake_pipe, None
         if pipe is not None:
             os.close(pipe[1])
             self._woken_fd = pipe[0]
@@ -124,6 +126,7 @@ class ThreadInstances:
     def _wake_fd(self) -> int:
         """The read end of the pipe thread instances sleep on: readable (end-of-file) once wake() closes the write
         end, so an idle instance needs no timer to notice the stop."""
-        if self._wake_pipe is None:
-            self._wake_pipe = os.pipe()
-        return self._wake_pipe[0]
+        with self._pipe_lock:
+            if self._wake_pipe is None:
+                self._wake_pipe = os.pipe()
+            return self._wake_pipe[0]

@@ -132,8 +132,14 @@ class RepositoryControl:
         failures: list[str] = []
         ensembles = await asyncio.to_thread(self._ensembles_among, names)
         plain = [name for name in names if name not in ensembles]
+        slots = asyncio.Semaphore(self._config.model_load_thread_count)  # tritonserver's --model-load-thread-count
+
+        async def load(name: str) -> None:
+            async with slots:
+                await self.load(name)
+
         for group in (plain, ensembles):
-            results = await asyncio.gather(*(self.load(name) for name in group), return_exceptions=True)
+            results = await asyncio.gather(*(load(name) for name in group), return_exceptions=True)
             for name, result in zip(group, results, strict=True):
                 if isinstance(result, BaseException) and not isinstance(result, PyServeError):
                     logger.error("loading model '%s' failed unexpectedly", name, exc_info=result)

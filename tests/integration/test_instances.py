@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import orjson
@@ -21,6 +22,7 @@ from pyserve.errors import ConfigError, ServerError
 pytestmark = pytest.mark.integration
 
 FP32_IN = [Tensor("INPUT0", np.float32, (-1,))]
+FP32_OUT = [Tensor("OUTPUT0", np.float32, (-1,))]
 INFO_OUT = [Tensor("PID", np.int64, (1,)), Tensor("DEVICE", bytes, (1,)), Tensor("VISIBLE", bytes, (1,))]
 
 
@@ -351,3 +353,72 @@ def test_worker_spin_reaches_process_instances_and_stops_when_idle() -> None:
         before = _cpu_seconds(worker)
         time.sleep(1.0)
         assert _cpu_seconds(worker) - before < 0.05  # it spins after a batch only, never while idle
+
+
+class RecordsItsSetup:
+    """setup() takes 1 s and records when it ran in a file named by the model (thread and process instances)."""
+
+    def __init__(self, record: str) -> None:
+        self.record = record
+
+    def setup(self, device: str) -> None:
+        started = time.time()
+        time.sleep(1.0)
+        with open(self.record, "w") as out:
+            out.write(f"{started} {time.time()}")
+
+    def __call__(self, requests: list[Request]) -> list[dict[str, np.ndarray]]:
+        return [{"OUTPUT0": request["INPUT0"]} for request in requests]
+
+
+def _bind_recorders(server: Serve, tmp_path: Any, kinds: list[str]) -> list[str]:
+    records = []
+    for index, kind in enumerate(kinds):
+        record = str(tmp_path / f"setup-{index}")
+        records.append(record)
+        # An object with setup(): set up in its instance (a process instance's own process).
+        config = ModelConfig(max_batch_size=4, worker=kind)
+        server.bind(f"recorder_{index}", RecordsItsSetup(record), FP32_IN, FP32_OUT, config)
+    return records
+
+
+def _intervals(records: list[str]) -> list[tuple[float, float]]:
+    spans = []
+    for record in records:
+        with open(record) as handle:
+            start, end = handle.read().split()
+        spans.append((float(start), float(end)))
+    return spans
+
+
+def test_models_bound_before_start_load_side_by_side(tmp_path: Any) -> None:
+    # As tritonserver's --model-load-thread-count: four setups of 1 s each run at once, not one after the other.
+    server = Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0, model_load_thread_count=4))
+    records = _bind_recorders(server, tmp_path, ["thread", "process", "thread", "process"])
+    with server:
+        spans = _intervals(records)
+        assert max(start for start, _ in spans) < min(end for _, end in spans), f"setups did not overlap: {spans}"
+        ones = {"INPUT0": np.ones((1, 2), np.float32)}
+        for index in range(4):
+            np.testing.assert_array_equal(server.infer(f"recorder_{index}", ones)["OUTPUT0"], 1)
+
+
+def test_model_load_thread_count_1_loads_one_at_a_time(tmp_path: Any) -> None:
+    server = Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0, model_load_thread_count=1))
+    records = _bind_recorders(server, tmp_path, ["thread", "thread"])
+    with server:
+        (first, second) = sorted(_intervals(records))
+        assert first[1] <= second[0], f"setups overlapped: {first} {second}"
+
+
+def test_a_model_that_fails_to_load_among_others_fails_run_with_its_reason(tmp_path: Any) -> None:
+    server = Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0))
+    _bind_recorders(server, tmp_path, ["thread", "process"])
+    server.bind("broken", FailsToLoad, FP32_IN, INFO_OUT, ModelConfig(max_batch_size=4, worker="process"))
+    try:
+        with pytest.raises(ServerError, match="exited before it was ready"):
+            server.run()
+        # The others loaded beside it and serve.
+        np.testing.assert_array_equal(server.infer("recorder_1", {"INPUT0": np.ones((1, 2), np.float32)})["OUTPUT0"], 1)
+    finally:
+        server.stop()

@@ -254,3 +254,13 @@ def test_every_grpc_method_is_in_its_group() -> None:
         "ModelStreamInfer": "inference",
     }
     assert {group for name, group in METHOD_GROUPS.items() if "SharedMemory" in name} == {"shared-memory"}
+
+
+def test_model_load_thread_count_flag_and_bounds() -> None:
+    from pyserve import cli
+
+    args = cli._parser().parse_args(["serve", "app:server", "--model-load-thread-count", "2"])
+    assert ServeConfig(**cli._server_options(args)).model_load_thread_count == 2
+    assert ServeConfig().model_load_thread_count == 4  # tritonserver's default
+    with pytest.raises(ConfigError, match="model_load_thread_count must be >= 1"):
+        ServeConfig(model_load_thread_count=0)
