@@ -207,14 +207,11 @@ class CoreProcess:
     @contextlib.contextmanager
     def channel(self) -> Iterator[ControlChannel]:
         """A control channel of its own (a socket: one per concurrent requester), closed on exit or by ``stop()``."""
-        channel = ControlChannel(self.router_address, "the core process")
         with self._channels_lock:
-            stopped = self._control is None
-            if not stopped:
-                self._channels.add(channel)
-        if stopped:
-            channel.close()
-            raise ServerError("the core process is stopped")
+            if self._control is None:
+                raise ServerError("the core process is stopped")
+            channel = ControlChannel(self.router_address, "the core process")
+            self._channels.add(channel)
         try:
             yield channel
         finally:
@@ -268,9 +265,11 @@ class CoreProcess:
                 process.kill()
                 process.wait()
         with self._channels_lock:
-            control, self._control = self._control, None
+            if self._control is not None:
+                self._channels.add(self._control)
+                self._control = None
             channels, self._channels = self._channels, set()
-        for channel in [*channels, *([control] if control is not None else [])]:
+        for channel in channels:
             channel.close()  # a request waiting on it in another thread fails with ServerError
         if self._runtime_dir is not None:
             shutil.rmtree(self._runtime_dir, ignore_errors=True)

@@ -106,13 +106,7 @@ class LocalCaller:
             channel.close()
         for channel, loop in async_channels.items():
             channel.stop_reason = _STOPPED
-            loop = channel.loop or loop
-            try:
-                if loop is None:
-                    raise RuntimeError("never used on a loop")
-                loop.call_soon_threadsafe(channel.close)
-            except RuntimeError:  # no loop, or a closed one: no coroutine can be using the channel
-                channel.close()
+            _close_on(channel.loop or loop, channel)
 
     # calls ----------------------------------------------------------------------------------------------------------
 
@@ -170,6 +164,16 @@ class LocalCaller:
             request_id=options.get("request_id", ""),
             stream=stream,
         )
+
+
+def _close_on(loop: asyncio.AbstractEventLoop | None, channel: BlsChannel) -> None:
+    """Close an async channel on the event loop that uses it; at once when it has none (or a closed one), since
+    then no coroutine can be using it."""
+    if loop is not None:
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(channel.close)
+            return
+    channel.close()
 
 
 class _BorrowedResponses(Responses):

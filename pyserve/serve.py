@@ -515,6 +515,7 @@ class Serve:
         """Load models bound before start, ``model_load_thread_count`` at a time (each over a control channel of
         its own), Ray ones after, one by one; raises the first failure once every load has ended."""
         side_by_side = [bound for bound in pending if bound.spec.config.worker is not WorkerKind.RAY]
+        on_ray = [bound for bound in pending if bound.spec.config.worker is WorkerKind.RAY]
         workers = min(self.config.model_load_thread_count, len(side_by_side))
         if workers <= 1:
             for bound in pending:
@@ -536,23 +537,23 @@ class Serve:
         pool.shutdown()
         if errors:
             raise errors[0]
-        for bound in pending:
-            if not bound.loaded:
-                self._load(bound)
+        for bound in on_ray:
+            self._load(bound)
 
     def _load(self, bound: _BoundModel, control: ControlChannel | None = None) -> None:
         spec = bound.spec
-        requests = control if control is not None else self._core_process()
+        # A load beside others has a channel of its own; else the core's own channel.
+        requester = control if control is not None else self._core_process()
         if bound.payload is not None:
             # Process instances: the core spawns and supervises them; it answers once all are connected.
             payload = bound.payload
-            reply = requests.request(lambda rid: Load.build(spec, rid, payload), self.config.model_load_timeout_s)
+            reply = requester.request(lambda rid: Load.build(spec, rid, payload), self.config.model_load_timeout_s)
             if reply.error is not None:
                 raise ServerError(reply.error)
             bound.loaded = True
             return
         core = self._core_process()
-        reply = requests.request(lambda request_id: Load.build(spec, request_id))
+        reply = requester.request(lambda request_id: Load.build(spec, request_id))
         if reply.error is not None:
             raise ConfigError(reply.error)
         if spec.config.worker is WorkerKind.RAY:

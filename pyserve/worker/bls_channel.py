@@ -251,12 +251,10 @@ class BlsChannel:
     def _check(self, call: BlsCall) -> None:
         """Give up a call whose caller is cancelled, whose instance is stopping or whose timeout has passed."""
         error: InferenceError | None = None
-        if self.closed:
+        if self.closed or self.stop_reason:
             error = ModelNotReadyError(f"call to model '{call.model}': {self.stop_reason or 'the channel is closed'}")
         elif self._flags and all(flag.is_set() for flag in self._flags):
             error = CancelledError(f"BLS call to model '{call.model}': the request that made it was cancelled")
-        elif self.stop_reason:
-            error = ModelNotReadyError(f"call to model '{call.model}': {self.stop_reason}")
         elif self.stopping or self._should_stop():
             error = ModelNotReadyError(f"BLS call to model '{call.model}': the instance is stopping")
         elif call.deadline and time.monotonic() >= call.deadline:

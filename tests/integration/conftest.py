@@ -13,6 +13,7 @@ import re
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,6 +121,26 @@ def sleep_then_identity(requests: list[Request]) -> list[dict[str, np.ndarray]]:
 def stream_twice(requests: list[Request]) -> Iterator[list[dict[str, np.ndarray]]]:
     for step in range(2):
         yield [{"OUTPUT0": request["INPUT0"] + step} for request in requests]
+
+
+def serve_in_thread(server: Any, timeout_s: float = 30.0) -> tuple[threading.Thread, list[BaseException]]:
+    """``server.serve()`` (a ``Serve`` or ``RemoteServe``) blocking in a thread of its own, as PyTriton code runs it;
+    returns once the server runs (or ``timeout_s`` passed). What ``serve()`` raised, which would otherwise reach the
+    thread's excepthook, collects in the list."""
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            server.serve()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.is_running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return thread, errors
 
 
 def fp32(name: str, shape: tuple[int, ...] = (-1,), optional: bool = False) -> Tensor:

@@ -27,6 +27,8 @@ from pyserve import ModelConfig, Request, Serve, ServeConfig, Tensor
 from pyserve.errors import ConfigError, ModelAlreadyBoundError
 from pyserve.transport.shm import SHM_DIR, remove_segments
 
+from .conftest import serve_in_thread
+
 pytestmark = pytest.mark.integration
 
 ONE_MIB_FLOATS = 262_144
@@ -376,19 +378,7 @@ def test_stop_from_another_thread_while_serve_is_starting_ends_serve_quietly() -
     s = Serve(ServeConfig(http_port=0, grpc_port=0, metrics_port=0))
     tensors = [Tensor("INPUT0", np.float32, (-1,))], [Tensor("OUTPUT0", np.float32, (-1,))]
     s.bind("slow_setup", SlowToSetUp, *tensors, config=ModelConfig(max_batch_size=4))
-    errors: list[BaseException] = []
-
-    def serve() -> None:
-        try:
-            s.serve()
-        except BaseException as exc:  # what would reach the thread's excepthook
-            errors.append(exc)
-
-    thread = threading.Thread(target=serve)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not s.is_running and time.monotonic() < deadline:
-        time.sleep(0.01)
+    thread, errors = serve_in_thread(s)
     s.stop()  # the instance is still in setup(): serve() is inside run()
     thread.join(30)
     assert not thread.is_alive() and not errors, errors

@@ -32,6 +32,8 @@ from pyserve.transport.curve import TOKEN_ENV, secure_client
 from pyserve.transport.messages import pack_header, unpack_header
 from pyserve.transport.protocol import BatchResult, ControlReply, Load, Shutdown, Unload
 
+from .conftest import serve_in_thread
+
 pytestmark = pytest.mark.integration
 
 TOKEN = "test-remote-token-0123456789abcdef"
@@ -198,22 +200,10 @@ def test_stop_waits_for_requests_in_flight_at_most_exit_timeout_s(server: Serve)
 def test_serve_in_a_thread_and_stop_from_another(server: Serve) -> None:
     # PyTriton's pattern: serve() blocks in a thread, stop() comes from elsewhere; the monitor serve() polls is
     # closed only between its polls, and the two stop() calls (the caller's and serve()'s own) do not overlap.
-    errors: list[BaseException] = []
     for _ in range(3):
         remote = RemoteServe(server.url, token=TOKEN)
         remote.bind("remote_double", double, X, Y, config=ModelConfig(max_batch_size=8))
-
-        def serve(remote: RemoteServe = remote) -> None:
-            try:
-                remote.serve()
-            except BaseException as exc:
-                errors.append(exc)
-
-        thread = threading.Thread(target=serve)
-        thread.start()
-        deadline = time.monotonic() + 20
-        while not remote.is_running and time.monotonic() < deadline:
-            time.sleep(0.01)
+        thread, errors = serve_in_thread(remote, 20)
         with ModelClient(server.url, "remote_double", init_timeout_s=10) as client:
             assert client.infer_sample(x=np.ones(1, np.float32))["y"].tolist() == [2]
         remote.stop()
